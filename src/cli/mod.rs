@@ -1,0 +1,210 @@
+//! The `runspool` command line. Every command reads and writes the same
+//! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
+
+mod inspect;
+mod submit;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+
+use crate::store::Layout;
+
+#[derive(Parser)]
+#[command(
+    name = "runspool",
+    version,
+    about = "A per-user supervisor for background runs, driven by JSON files in a spool directory",
+    long_about = "runspool supervises background runs. Clients drop launch requests (JSON) into <root>/spool/; \
+the daemon claims each exactly once, runs its steps under a detached runner and records everything under \
+<root>/async-subagent-runs/<runId>/.\n\nStart the daemon with `runspool daemon`, then try:\n  \
+runspool submit --wait -- echo hello\n  runspool list\n  runspool logs <run>",
+    after_help = "The root is --root, else $RUNSPOOL_ROOT, else $PI_SUBAGENTS_TEMP_ROOT, else $TMPDIR/pi-subagents-uid-<uid>."
+)]
+pub struct Cli {
+    /// Root directory (default: $RUNSPOOL_ROOT, $PI_SUBAGENTS_TEMP_ROOT, or $TMPDIR/pi-subagents-uid-<uid>)
+    #[arg(long, global = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the resident daemon in the foreground (what the systemd/launchd unit starts)
+    Daemon {
+        /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Run one run directory (started by the daemon; not for interactive use)
+    #[command(hide = true)]
+    Runner { run_dir: PathBuf },
+    /// Publish a launch request; prints the run id
+    Submit(submit::SubmitArgs),
+    /// Show one run
+    Status {
+        /// Run id, or a unique prefix of 8 or more characters
+        run: String,
+        /// Print status.json as it is on disk
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs from the indexes (active and the most recent terminal ones)
+    List {
+        /// Only active (queued or running) runs
+        #[arg(long, conflicts_with = "recent")]
+        active: bool,
+        /// Only the N most recent terminal runs
+        #[arg(long, value_name = "N")]
+        recent: Option<usize>,
+        /// Only runs of this session
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Print a JSON array of status objects
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait for a run to end; exits with the run's exit code
+    Wait {
+        run: String,
+        /// Give up after this long (500ms, 30s, 5m, 1h); exit code 124
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Ask a run to stop (writes control/stop.json; the runner acts on it)
+    Stop {
+        run: String,
+        /// Why, recorded in the run's status and events
+        #[arg(long)]
+        reason: Option<String>,
+        /// Interrupt instead (SIGINT; the run ends `paused`)
+        #[arg(long)]
+        interrupt: bool,
+    },
+    /// Print a run's step output
+    Logs {
+        run: String,
+        /// Only this flat step index
+        #[arg(long, value_name = "N")]
+        step: Option<usize>,
+        /// Keep printing new output until the run ends
+        #[arg(short, long)]
+        follow: bool,
+    },
+}
+
+/// Parse `500ms`, `30s`, `5m`, `1h`, `2d` or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration; use e.g. 500ms, 30s, 5m or 1h"))?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n * 1e3,
+        "m" => n * 60e3,
+        "h" => n * 3600e3,
+        "d" => n * 86400e3,
+        _ => return Err(format!("`{s}` has an unknown unit `{unit}`; use ms, s, m, h or d")),
+    };
+    Ok(Duration::from_millis(ms as u64))
+}
+
+fn init_logging(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RUNSPOOL_LOG").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Runner { run_dir } => {
+            init_logging("info");
+            crate::runner::main(&run_dir)
+        }
+        Cmd::Daemon { config } => {
+            let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
+            init_logging(&level);
+            let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("runspool daemon: {e}");
+                    return 1;
+                }
+            };
+            if let Err(e) = crate::daemon::forward_signals(d.sender()) {
+                eprintln!("runspool daemon: cannot install signal handlers: {e}");
+                return 1;
+            }
+            d.run()
+        }
+        cmd => {
+            let layout = Layout::resolve(cli.root.as_deref(), None);
+            let r = match cmd {
+                Cmd::Submit(a) => submit::submit(&layout, a),
+                Cmd::Status { run, json } => inspect::status(&layout, &run, json),
+                Cmd::List { active, recent, session, json } => inspect::list(&layout, active, recent, session.as_deref(), json),
+                Cmd::Wait { run, timeout } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None)),
+                Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
+                Cmd::Logs { run, step, follow } => inspect::logs(&layout, &run, step, follow),
+                Cmd::Daemon { .. } | Cmd::Runner { .. } => unreachable!(),
+            };
+            match r {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("runspool: {e:#}");
+                    1
+                }
+            }
+        }
+    }
+}
+
+/// Resolve a run id or a unique prefix of at least 8 characters.
+pub(crate) fn resolve_run(layout: &Layout, run: &str) -> anyhow::Result<String> {
+    if crate::protocol::is_id(run, 128) && layout.run_dir(run).join("status.json").exists() {
+        return Ok(run.to_string());
+    }
+    if run.len() < 8 {
+        bail!("no run `{run}` under {}; give the full run id or a prefix of 8 or more characters", layout.runs().display());
+    }
+    let mut found = Vec::new();
+    let rd = std::fs::read_dir(layout.runs()).with_context(|| format!("cannot read {}", layout.runs().display()))?;
+    for e in rd.flatten() {
+        if let Some(n) = e.file_name().to_str() {
+            if n.starts_with(run) && !n.starts_with('.') {
+                found.push(n.to_string());
+            }
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("no run matches `{run}` under {}; see `runspool list`", layout.runs().display()),
+        n => bail!("`{run}` matches {n} runs ({}); give more characters", found.join(", ")),
+    }
+}
+
+pub(crate) fn ensure_dir(p: &Path) -> anyhow::Result<()> {
+    crate::store::fsutil::mkdir_private_all(p).with_context(|| format!("cannot create {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+}

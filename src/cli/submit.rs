@@ -1,0 +1,142 @@
+//! `runspool submit`: build (or take) a request and publish it atomically.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::protocol::request;
+use crate::store::{fsutil, Layout};
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --file request.json")]
+pub struct SubmitArgs {
+    /// Publish this request file as it is (a runId is added when it has none)
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "timeout", "priority", "session"])]
+    file: Option<PathBuf>,
+    /// Run id (default: a new UUID)
+    #[arg(long, value_name = "ID")]
+    run_id: Option<String>,
+    /// Session id (default: "default")
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+    /// Working directory (default: the current directory)
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// Environment variable for the step, repeatable
+    #[arg(long, value_name = "K=V")]
+    env: Vec<String>,
+    /// Run time limit (500ms, 30s, 5m, 1h; default 30m)
+    #[arg(long, value_name = "DUR", value_parser = super::parse_duration)]
+    timeout: Option<Duration>,
+    /// Queue priority, -1000 to 1000; higher runs first
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    priority: i64,
+    /// Wait for the run to end and exit with its exit code
+    #[arg(long)]
+    wait: bool,
+    /// The command and its arguments (after --)
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+struct AnyProvider;
+impl request::Context for AnyProvider {
+    // The daemon knows its providers; the CLI checks everything else early.
+    fn provider_configured(&self, _: &str) -> bool {
+        true
+    }
+}
+
+pub fn submit(layout: &Layout, a: SubmitArgs) -> anyhow::Result<i32> {
+    let (bytes, run_id) = match &a.file {
+        Some(f) => from_file(f, a.run_id.as_deref())?,
+        None => from_args(&a)?,
+    };
+    let value = request::parse(&bytes).map_err(|r| anyhow::anyhow!("{}", r.message))?;
+    if let Err(r) = request::validate(&bytes, &value, &AnyProvider) {
+        bail!("the request would be rejected ({}): {}", r.code, r.message);
+    }
+    let spool = layout.spool();
+    super::ensure_dir(&spool)?;
+    let name = format!("{run_id}.json");
+    let target = spool.join(&name);
+    if target.exists() {
+        bail!("{} already exists: a request with run id `{run_id}` is waiting to be claimed", target.display());
+    }
+    let tmp = spool.join(format!(".submit-{}.tmp", uuid::Uuid::new_v4()));
+    fsutil::write_atomic(&tmp, &bytes, true).with_context(|| format!("cannot write {}", tmp.display()))?;
+    if let Err(e) = crate::platform::rename_noreplace(&tmp, &target) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot publish {}", target.display()));
+    }
+    println!("{run_id}");
+    if !daemon_running(layout) {
+        eprintln!(
+            "runspool: note: no daemon holds {}; the request waits in the spool until one starts (`runspool daemon`)",
+            layout.daemon_lock().display()
+        );
+    }
+    if a.wait {
+        return super::inspect::wait(layout, &run_id, None, Some(&name));
+    }
+    Ok(0)
+}
+
+fn daemon_running(layout: &Layout) -> bool {
+    fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false)
+}
+
+fn from_file(f: &PathBuf, run_id: Option<&str>) -> anyhow::Result<(Vec<u8>, String)> {
+    let bytes = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+    let mut v: Value = serde_json::from_slice(&bytes).with_context(|| format!("{} is not valid JSON", f.display()))?;
+    let obj = v.as_object_mut().with_context(|| format!("{} must hold a JSON object", f.display()))?;
+    match (obj.get("runId").and_then(Value::as_str).map(str::to_string), run_id) {
+        (Some(id), None) => Ok((bytes, id)),
+        (Some(id), Some(flag)) if id == flag => Ok((bytes, id)),
+        (Some(id), Some(flag)) => bail!("{} has runId `{id}` but --run-id says `{flag}`; drop one", f.display()),
+        (None, flag) => {
+            let id = flag.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            obj.insert("runId".into(), json!(id));
+            Ok((serde_json::to_vec_pretty(&v)?, id))
+        }
+    }
+}
+
+fn from_args(a: &SubmitArgs) -> anyhow::Result<(Vec<u8>, String)> {
+    if a.command.is_empty() {
+        bail!("nothing to run: put the command after --, e.g. `runspool submit -- echo hello`, or use --file");
+    }
+    let cwd = match &a.cwd {
+        Some(c) => std::path::absolute(c).with_context(|| format!("bad --cwd {}", c.display()))?,
+        None => std::env::current_dir().context("cannot read the current directory; pass --cwd")?,
+    };
+    let mut env = BTreeMap::new();
+    for kv in &a.env {
+        let Some((k, v)) = kv.split_once('=') else { bail!("--env `{kv}` needs the form NAME=value") };
+        env.insert(k.to_string(), v.to_string());
+    }
+    let run_id = a.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let mut req = json!({
+        "version": 1,
+        "runId": run_id,
+        "cwd": cwd.display().to_string(),
+        "steps": [{ "command": a.command }],
+    });
+    if let Some(s) = &a.session {
+        req["sessionId"] = json!(s);
+    }
+    if !env.is_empty() {
+        req["env"] = json!(env);
+    }
+    if let Some(t) = a.timeout {
+        req["timeoutMs"] = json!(t.as_millis() as u64);
+    }
+    if a.priority != 0 {
+        req["priority"] = json!(a.priority);
+    }
+    Ok((serde_json::to_vec_pretty(&req)?, run_id))
+}

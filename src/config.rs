@@ -1,0 +1,173 @@
+//! The TOML configuration (PROTOCOL §13). Unknown keys are refused by name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub root: Option<PathBuf>,
+    pub max_running: usize,
+    pub retention_days: u64,
+    pub watch: Watch,
+    pub storage: Storage,
+    pub log: Log,
+    pub providers: BTreeMap<String, Provider>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Watch {
+    pub strategy: String,
+    pub poll_interval_ms: u64,
+    pub rescan_interval_s: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Storage {
+    pub min_free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Provider {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default = "default_provider_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_provider_timeout() -> u64 {
+    120_000
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            root: None,
+            max_running: 4,
+            retention_days: 30,
+            watch: Watch::default(),
+            storage: Storage::default(),
+            log: Log::default(),
+            providers: BTreeMap::new(),
+        }
+    }
+}
+impl Default for Watch {
+    fn default() -> Self {
+        Watch { strategy: "auto".into(), poll_interval_ms: 250, rescan_interval_s: 30 }
+    }
+}
+impl Default for Storage {
+    fn default() -> Self {
+        Storage { min_free_bytes: 16 * 1024 * 1024 }
+    }
+}
+impl Default for Log {
+    fn default() -> Self {
+        Log { level: "info".into() }
+    }
+}
+
+/// Where the config comes from: `--config`, else the XDG default.
+pub fn default_path() -> Option<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(x).join("runspool/config.toml"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/runspool/config.toml"))
+}
+
+impl Config {
+    /// Load: an explicit file must exist; a missing default file means defaults.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
+        let (path, required) = match explicit {
+            Some(p) => (p.to_path_buf(), true),
+            None => match default_path() {
+                Some(p) => (p, false),
+                None => return Ok(Config::default()),
+            },
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Config::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
+            Err(e) => Err(format!("cannot read the config file {}: {e}; fix the path given to --config", path.display())),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let c: Config = toml::from_str(text).map_err(|e| e.message().to_string() + &span_hint(&e))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.max_running == 0 {
+            return Err("max_running is 0; set it to 1 or more".into());
+        }
+        if !matches!(self.watch.strategy.as_str(), "auto" | "native" | "poll") {
+            return Err(format!("watch.strategy is `{}`; use auto, native or poll", self.watch.strategy));
+        }
+        if self.watch.poll_interval_ms == 0 || self.watch.rescan_interval_s == 0 {
+            return Err("watch.poll_interval_ms and watch.rescan_interval_s must be at least 1".into());
+        }
+        if !matches!(self.log.level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
+            return Err(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
+        }
+        for (name, p) in &self.providers {
+            match p.kind.as_str() {
+                "command" if p.command.is_empty() || p.command[0].is_empty() => {
+                    return Err(format!("providers.{name}.command is empty; give the executable and its arguments"))
+                }
+                "command" | "slurm" => {}
+                other => {
+                    return Err(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\""))
+                }
+            }
+            if p.timeout_ms == 0 {
+                return Err(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn span_hint(e: &toml::de::Error) -> String {
+    e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn defaults() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.max_running, 4);
+        assert_eq!(c.watch.rescan_interval_s, 30);
+    }
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("max_runing = 3").unwrap_err();
+        assert!(e.contains("max_runing"), "{e}");
+        let e = Config::parse("[watch]\nstrategi = \"poll\"").unwrap_err();
+        assert!(e.contains("strategi"), "{e}");
+    }
+    #[test]
+    fn providers() {
+        let c = Config::parse("[providers.slurm]\ntype = \"slurm\"\n[providers.k8s]\ntype = \"command\"\ncommand = [\"/bin/true\"]\n").unwrap();
+        assert_eq!(c.providers.len(), 2);
+        assert!(Config::parse("[providers.x]\ntype = \"magic\"").unwrap_err().contains("providers.x.type"));
+    }
+}

@@ -1,0 +1,655 @@
+//! The resident daemon: startup (check the root, take the lock, rebuild
+//! state from disk) and one event loop that claims, schedules, supervises
+//! and reports. Everything it knows is on disk; a restart rebuilds the rest.
+
+pub mod report;
+pub mod retention;
+pub mod spool;
+pub mod supervisor;
+pub mod watch;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::config::Config;
+use crate::protocol::request::{Context, Request};
+use crate::protocol::status::{State, Status};
+use crate::store::fsutil::{self, is_capacity};
+use crate::store::layout::RunPaths;
+use crate::store::{results, run, Layout, Writer};
+use report::{DaemonStatus, RunCounts, StorageInfo, WatchInfo};
+use spool::{Claimer, Outcome};
+use watch::{Hint, Watch};
+
+/// Most claims per loop turn, so a flood of requests never starves the
+/// scheduler and the liveness checks.
+const CLAIMS_PER_TURN: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    UnsafeRoot(String),
+    #[error("another runspool daemon (pid {pid}) is running on {root}; stop it first (`kill {pid}` or `runspool service stop`)")]
+    AlreadyRunning { pid: String, root: String },
+    #[error("{path}: {error}; check that the directory is writable by you")]
+    Io { path: String, error: std::io::Error },
+    #[error("{0}")]
+    Config(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |error| StartError::Io { path: path.display().to_string(), error }
+}
+
+/// Refuse a root, spool or runs root that is a symlink, someone else's, or
+/// writable by group/others (PROTOCOL §1).
+pub fn check_dir_safety(path: &Path) -> Result<bool, StartError> {
+    let md = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let p = path.display();
+    if md.file_type().is_symlink() {
+        return Err(StartError::UnsafeRoot(format!(
+            "{p} is a symbolic link; runspool refuses it so nobody can redirect its files: replace it with a real directory (mkdir -m 700 {p})"
+        )));
+    }
+    if !md.is_dir() {
+        return Err(StartError::UnsafeRoot(format!("{p} is not a directory; remove it or choose another --root")));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if md.uid() != uid {
+        return Err(StartError::UnsafeRoot(format!(
+            "{p} is owned by uid {}, not by you (uid {uid}); use a root you own (--root or RUNSPOOL_ROOT)",
+            md.uid()
+        )));
+    }
+    if md.permissions().mode() & 0o022 != 0 {
+        return Err(StartError::UnsafeRoot(format!(
+            "{p} is writable by group or others (mode {:o}); fix it with: chmod 700 {p}",
+            md.permissions().mode() & 0o7777
+        )));
+    }
+    Ok(true)
+}
+
+struct Ctx<'a>(&'a Config);
+impl Context for Ctx<'_> {
+    fn provider_configured(&self, name: &str) -> bool {
+        self.0.providers.contains_key(name)
+    }
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Queued {
+    priority: i64,
+    order: Reverse<(i64, u64)>,
+    run_id: String,
+}
+
+struct Slot {
+    child: Option<Child>,
+}
+
+pub struct Daemon {
+    layout: Layout,
+    cfg: Config,
+    config_path: Option<PathBuf>,
+    exe: PathBuf,
+    w: Writer,
+    _lock: File,
+    tx: Sender<Hint>,
+    rx: Receiver<Hint>,
+    watch: Watch,
+    queue: BinaryHeap<Queued>,
+    queued: HashSet<String>,
+    running: HashMap<String, Slot>,
+    seq: u64,
+    report: DaemonStatus,
+    last_report_write: Instant,
+    spool_dirty: bool,
+    spool_retry_at: Option<Instant>,
+    next_rescan: Instant,
+    next_retention: Instant,
+    low_space: Option<String>,
+    stopping: bool,
+}
+
+pub struct Options {
+    pub root: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+}
+
+impl Daemon {
+    pub fn start(opts: Options) -> Result<Daemon, StartError> {
+        let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
+        let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
+        for p in [layout.root.clone(), layout.spool(), layout.runs()] {
+            check_dir_safety(&p)?;
+        }
+        for d in layout.dirs() {
+            fsutil::mkdir_private_all(&d).map_err(io_err(&d))?;
+        }
+        for p in [layout.root.clone(), layout.spool(), layout.runs()] {
+            check_dir_safety(&p)?;
+        }
+        let lock_path = layout.daemon_lock();
+        let lock = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))?;
+        let Some(lock) = lock else {
+            let pid = std::fs::read(layout.daemon_json())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v.get("pid").map(|p| p.to_string()))
+                .unwrap_or_else(|| "unknown".into());
+            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
+        };
+        let (tx, rx) = channel();
+        let watch = Watch::start(&layout, tx.clone(), &cfg.watch.strategy).map_err(StartError::Config)?;
+        let pid = std::process::id();
+        let now = crate::now_ms();
+        let report = DaemonStatus {
+            version: 1,
+            pid,
+            hostname: crate::platform::hostname(),
+            start_identity: crate::platform::start_identity(pid),
+            started_at: now,
+            updated_at: now,
+            runspool_version: env!("CARGO_PKG_VERSION").to_string(),
+            watch: WatchInfo { strategy: watch.strategy.into(), backend: watch.backend.into(), reason: watch.reason.clone() },
+            storage: StorageInfo { state: "ok".into(), reason: None, since: None },
+            runs: RunCounts { queued: 0, running: 0 },
+            last_rescan_at: None,
+        };
+        let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
+        let mut d = Daemon {
+            next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
+            layout,
+            cfg,
+            config_path: opts.config,
+            exe,
+            w: Writer::new(),
+            _lock: lock,
+            tx,
+            rx,
+            watch,
+            queue: BinaryHeap::new(),
+            queued: HashSet::new(),
+            running: HashMap::new(),
+            seq: 0,
+            report,
+            last_report_write: Instant::now(),
+            spool_dirty: true,
+            spool_retry_at: None,
+            next_retention: Instant::now() + Duration::from_secs(3600),
+            low_space: None,
+            stopping: false,
+        };
+        d.write_report(true);
+        d.recover();
+        retention::sweep(&d.layout, d.cfg.retention_days);
+        tracing::info!(
+            root = %d.layout.root.display(), watch = d.watch.backend,
+            queued = d.queue.len(), running = d.running.len(), "runspool daemon started"
+        );
+        Ok(d)
+    }
+
+    pub fn sender(&self) -> Sender<Hint> {
+        self.tx.clone()
+    }
+
+    /// Rebuild the in-memory state from disk (PROTOCOL §12): finish half
+    /// claims, re-queue queued runs, re-adopt live runners, repair dead ones,
+    /// finish interrupted publications.
+    fn recover(&mut self) {
+        let ctx = Ctx(&self.cfg);
+        spool::recover_rejected(&self.layout, &ctx);
+        let Ok(rd) = std::fs::read_dir(self.layout.runs()) else { return };
+        let mut queued: Vec<Status> = Vec::new();
+        for e in rd.flatten() {
+            let Ok(id) = e.file_name().into_string() else { continue };
+            if id.starts_with('.') || !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            let dir = e.path();
+            if spool::is_half_claimed(&dir) {
+                match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
+                {
+                    Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, &id, &req) {
+                        Ok(s) => {
+                            tracing::info!(run_id = %id, "finished a half-done claim");
+                            queued.push(s);
+                        }
+                        Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
+                    },
+                    Err(e) => tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable"),
+                }
+                continue;
+            }
+            let s = match run::read_status(&dir) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
+                    continue;
+                }
+            };
+            match s.state {
+                State::Queued => {
+                    let _ = crate::store::index::mark_active(&self.layout, &s);
+                    queued.push(s);
+                }
+                State::Running => {
+                    let _ = crate::store::index::mark_active(&self.layout, &s);
+                    self.running.insert(id.clone(), Slot { child: None });
+                }
+                _ => {
+                    if let Err(e) = supervisor::ensure_published(&mut self.w, &self.layout, &id) {
+                        tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
+                    }
+                }
+            }
+        }
+        // A queued run may already have a runner (spawned just before our predecessor died).
+        for s in queued {
+            if fsutil::lock_held(&RunPaths::runner_lock(&self.layout.run_dir(&s.run_id))).unwrap_or(false) {
+                self.running.insert(s.run_id.clone(), Slot { child: None });
+            } else {
+                self.enqueue(&s);
+            }
+        }
+        self.check_running();
+    }
+
+    fn enqueue(&mut self, s: &Status) {
+        if self.queued.insert(s.run_id.clone()) {
+            self.seq += 1;
+            self.queue.push(Queued {
+                priority: s.queue.priority,
+                order: Reverse((s.queue.claimed_at, self.seq)),
+                run_id: s.run_id.clone(),
+            });
+            self.watch.watch_control(&s.run_id);
+        }
+    }
+
+    /// The event loop. Returns when asked to stop (SIGTERM/SIGINT).
+    pub fn run(mut self) -> i32 {
+        while !self.stopping {
+            self.turn();
+            let timeout = self.next_wake().saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(timeout) {
+                Ok(h) => {
+                    self.hint(h);
+                    // Drain what else arrived: many events, one rescan.
+                    while let Ok(h) = self.rx.try_recv() {
+                        self.hint(h);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        self.shutdown();
+        0
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut t = self.next_rescan.min(self.next_retention);
+        t = t.min(self.last_report_write + Duration::from_secs(60));
+        if !self.running.is_empty() || !self.w.is_idle() || self.low_space.is_some() {
+            t = t.min(Instant::now() + Duration::from_secs(1));
+        }
+        if let Some(r) = self.spool_retry_at {
+            t = t.min(r);
+        }
+        if !self.watch.is_native() {
+            t = t.min(Instant::now() + Duration::from_millis(self.cfg.watch.poll_interval_ms));
+        }
+        if self.spool_dirty {
+            t = Instant::now();
+        }
+        t
+    }
+
+    fn hint(&mut self, h: Hint) {
+        match h {
+            Hint::Spool => self.spool_dirty = true,
+            Hint::Control(id) => self.control_queued(&id),
+            Hint::Rescan(why) => {
+                tracing::info!(reason = %why, "full rescan");
+                self.rescan();
+            }
+            Hint::Signal(sig) => match sig {
+                libc::SIGTERM | libc::SIGINT => {
+                    tracing::info!("stopping on signal {}; runs keep running", crate::platform::signal_name(sig));
+                    self.stopping = true;
+                }
+                libc::SIGHUP => self.reload(),
+                _ => {} // SIGCHLD: the turn reaps
+            },
+        }
+    }
+
+    /// One pass of the work that does not depend on which hint woke us.
+    fn turn(&mut self) {
+        let now = Instant::now();
+        if !self.w.is_idle() {
+            self.w.flush();
+        }
+        if now >= self.next_rescan {
+            self.rescan();
+        }
+        if now >= self.next_retention {
+            retention::sweep(&self.layout, self.cfg.retention_days);
+            self.next_retention = now + Duration::from_secs(3600);
+        }
+        if !self.watch.is_native() || self.spool_retry_at.is_some_and(|t| now >= t) {
+            self.spool_dirty = true;
+        }
+        if self.spool_dirty {
+            self.scan_spool();
+        }
+        self.check_running();
+        self.schedule();
+        self.write_report(false);
+    }
+
+    fn rescan(&mut self) {
+        self.spool_dirty = true;
+        self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
+        self.report.last_rescan_at = Some(crate::now_ms());
+        // Control inboxes of queued runs may have changed unseen.
+        let ids: Vec<String> = self.queued.iter().cloned().collect();
+        for id in ids {
+            self.control_queued(&id);
+        }
+        // Runs started by another path (or lost from memory) show up in the active index.
+        if let Ok(active) = crate::store::index::list_active(&self.layout) {
+            for s in active {
+                if !self.queued.contains(&s.run_id) && !self.running.contains_key(&s.run_id) {
+                    match s.state {
+                        State::Queued => self.enqueue(&s),
+                        _ => {
+                            self.running.insert(s.run_id.clone(), Slot { child: None });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Is there room to claim? Below the free-space floor, or with writes
+    /// still deferred, the spool is left alone (PROTOCOL §11).
+    fn storage_ok(&mut self) -> bool {
+        let min = self.cfg.storage.min_free_bytes;
+        let low = match crate::platform::free_space(&self.layout.root) {
+            Ok((bytes, _)) if bytes < min => Some(format!("{bytes} bytes free under {}, below storage.min_free_bytes = {min}", self.layout.root.display())),
+            Ok((_, 0)) => Some(format!("no free inodes under {}", self.layout.root.display())),
+            _ => None,
+        };
+        match (&self.low_space, &low) {
+            (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
+            (Some(_), None) => tracing::info!("storage space back above the floor: claiming resumed"),
+            _ => {}
+        }
+        self.low_space = low;
+        self.low_space.is_none() && self.w.is_idle()
+    }
+
+    fn scan_spool(&mut self) {
+        self.spool_dirty = false;
+        if !self.storage_ok() {
+            return;
+        }
+        let Ok(rd) = std::fs::read_dir(self.layout.spool()) else { return };
+        let mut names: Vec<(i64, String)> = Vec::new();
+        for e in rd.flatten() {
+            let Ok(name) = e.file_name().into_string() else {
+                // A non-UTF-8 name is a bad name too; handle it by its lossy form.
+                let lossy = e.file_name().to_string_lossy().into_owned();
+                let _ = spool::reject_entry(
+                    &mut self.w,
+                    &self.layout,
+                    &e.path(),
+                    &lossy.replace('\u{FFFD}', "_"),
+                    &crate::protocol::request::Rejection::new("bad-name", "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}"),
+                    None,
+                );
+                continue;
+            };
+            if name == "rejected" || name.starts_with('.') {
+                continue;
+            }
+            let mtime = e.metadata().map(|m| m.mtime() * 1000 + m.mtime_nsec() / 1_000_000).unwrap_or(0);
+            names.push((mtime, name));
+        }
+        // Oldest first, so claim order follows publication order.
+        names.sort();
+        let mut later = false;
+        let mut done = 0;
+        let ctx_cfg = self.cfg.clone();
+        let ctx = Ctx(&ctx_cfg);
+        for (_, name) in names {
+            if done >= CLAIMS_PER_TURN {
+                self.spool_dirty = true;
+                break;
+            }
+            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
+            match outcome {
+                Outcome::Claimed(s) => {
+                    done += 1;
+                    self.enqueue(&s);
+                }
+                Outcome::Rejected => done += 1,
+                Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
+                Outcome::Capacity(e) => {
+                    tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
+                    self.w.capacity_error(&self.layout.spool().join(&name), &e);
+                    later = true;
+                    break;
+                }
+            }
+        }
+        // Busy or half-written entries: look again shortly.
+        self.spool_retry_at = later.then(|| Instant::now() + Duration::from_millis(500));
+    }
+
+    /// Act on the control inbox of a run that is still queued: it never starts
+    /// and ends `stopped` (PROTOCOL §9).
+    fn control_queued(&mut self, run_id: &str) {
+        if !self.queued.contains(run_id) {
+            return;
+        }
+        let dir = self.layout.run_dir(run_id);
+        let control = RunPaths::control(&dir);
+        let Some(file) = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists()) else {
+            return;
+        };
+        let Ok(Some(_lock)) = supervisor::take_runner_lock(&dir) else { return };
+        let msg = format!("stopped before it started ({file} in the control inbox)");
+        let m2 = msg.clone();
+        let now = crate::now_ms();
+        let res = results::write_terminal(&mut self.w, &self.layout, run_id, move |cur| {
+            let mut s = cur?;
+            if s.state != State::Queued {
+                return None;
+            }
+            spool::skip_all(&mut s, crate::protocol::status::StepState::Stopped, "skipped: the run was stopped before it started");
+            s.state = State::Stopped;
+            s.stopped = true;
+            s.ended_at = Some(now);
+            s.error = Some(m2);
+            s.exit_code = Some(s.terminal_exit_code());
+            Some(s)
+        });
+        match res {
+            Ok(Some(s)) if s.state == State::Stopped => {
+                run::event(&mut self.w, &dir, run_id, "subagent.run.stopped", json!({"message": msg}));
+                run::event(
+                    &mut self.w,
+                    &dir,
+                    run_id,
+                    "subagent.run.completed",
+                    json!({"status": "stopped", "durationMs": 0, "exitCode": s.exit_code}),
+                );
+                let _ = std::fs::remove_file(control.join(file));
+                tracing::info!(run_id, "stopped a queued run");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(run_id, error = %e, "could not stop a queued run"),
+        }
+        self.queued.remove(run_id);
+        self.watch.unwatch_control(run_id);
+    }
+
+    /// Reap runners, detect dead ones by their lock, repair.
+    fn check_running(&mut self) {
+        let ids: Vec<String> = self.running.keys().cloned().collect();
+        for id in ids {
+            let slot = self.running.get_mut(&id).expect("listed");
+            if let Some(child) = slot.child.as_mut() {
+                match child.try_wait() {
+                    Ok(None) => continue, // our child, still alive
+                    Ok(Some(_)) | Err(_) => slot.child = None,
+                }
+            }
+            let dir = self.layout.run_dir(&id);
+            match supervisor::take_runner_lock(&dir) {
+                Ok(None) => continue, // a live runner holds it
+                Ok(Some(_lock)) => {
+                    let r = match run::read_status(&dir) {
+                        Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
+                        Ok(Some(_)) => supervisor::ensure_published(&mut self.w, &self.layout, &id),
+                        Ok(None) => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = r {
+                        if is_capacity(&e) {
+                            self.w.capacity_error(&dir, &e);
+                            continue; // keep watching it; retry next turn
+                        }
+                        tracing::error!(run_id = %id, error = %e, "could not settle a finished run");
+                    }
+                    self.running.remove(&id);
+                }
+                Err(e) if is_capacity(&e) => continue,
+                Err(e) => {
+                    tracing::error!(run_id = %id, error = %e, "cannot check the runner lock; forgetting the run");
+                    self.running.remove(&id);
+                }
+            }
+        }
+    }
+
+    fn schedule(&mut self) {
+        while self.running.len() < self.cfg.max_running {
+            let Some(q) = self.queue.pop() else { break };
+            if !self.queued.remove(&q.run_id) {
+                continue; // stopped while queued
+            }
+            self.watch.unwatch_control(&q.run_id);
+            let dir = self.layout.run_dir(&q.run_id);
+            match supervisor::spawn_runner(&self.exe, &dir) {
+                Ok(child) => {
+                    tracing::info!(run_id = %q.run_id, pid = child.id(), "runner started");
+                    self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
+                }
+                Err(e) if is_capacity(&e) => {
+                    tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
+                    self.w.capacity_error(&dir, &e);
+                    self.queued.insert(q.run_id.clone());
+                    self.queue.push(q);
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(run_id = %q.run_id, error = %e, "cannot start a runner");
+                    // Leaves the run queued with no runner: the repair path records why.
+                    self.running.insert(q.run_id.clone(), Slot { child: None });
+                }
+            }
+        }
+    }
+
+    fn reload(&mut self) {
+        match Config::load(self.config_path.as_deref()) {
+            Ok(new) => {
+                if new == self.cfg {
+                    tracing::info!("configuration reloaded: nothing changed");
+                } else {
+                    tracing::info!(
+                        max_running = new.max_running, retention_days = new.retention_days,
+                        providers = new.providers.len(), "configuration reloaded"
+                    );
+                    self.cfg = new;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "configuration refused; keeping the running one"),
+        }
+    }
+
+    fn write_report(&mut self, force: bool) {
+        let mut r = self.report.clone();
+        r.watch = WatchInfo { strategy: self.watch.strategy.into(), backend: self.watch.backend.into(), reason: self.watch.reason.clone() };
+        r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
+        let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
+        r.storage = match degraded {
+            Some(reason) => StorageInfo {
+                state: "degraded".into(),
+                since: Some(self.report.storage.since.filter(|_| self.report.storage.state == "degraded").unwrap_or_else(crate::now_ms)),
+                reason: Some(reason),
+            },
+            None => StorageInfo { state: "ok".into(), reason: None, since: None },
+        };
+        if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
+            return;
+        }
+        r.updated_at = crate::now_ms();
+        let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
+        if let Err(e) = self.w.write(&self.layout.daemon_json(), bytes, false) {
+            tracing::warn!(error = %e, "cannot write daemon.json");
+        }
+        self.report = r;
+        self.last_report_write = Instant::now();
+    }
+
+    fn shutdown(&mut self) {
+        // Flush deferred writes for a little while; whatever is left is
+        // rebuilt from disk by the next start.
+        let until = Instant::now() + Duration::from_secs(3);
+        while !self.w.flush() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for slot in self.running.values_mut() {
+            if let Some(c) = slot.child.as_mut() {
+                let _ = c.try_wait();
+            }
+        }
+        tracing::info!(running = self.running.len(), queued = self.queued.len(), "runspool daemon stopped");
+    }
+}
+
+/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints.
+pub fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGCHLD])?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        for s in signals.forever() {
+            if tx.send(Hint::Signal(s)).is_err() {
+                break;
+            }
+        }
+    })?;
+    Ok(())
+}

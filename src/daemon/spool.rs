@@ -1,0 +1,468 @@
+//! The spool (PROTOCOL §2): scan, claim exactly once, reject with a reason.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::platform::rename_noreplace;
+use crate::protocol::is_id;
+use crate::protocol::request::{self, Context, Rejection, Request, MAX_REQUEST_BYTES};
+use crate::protocol::status::{State, Status, StepState};
+use crate::store::fsutil::{self, fsync_dir, is_capacity, mkdir_private};
+use crate::store::layout::RunPaths;
+use crate::store::{index, results, run, Layout, Writer};
+
+/// How long a file that does not parse may still be a writer's work in progress.
+const WRITE_GRACE_MS: i64 = 2000;
+
+/// What a spool entry name means.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Name {
+    /// `<name>.json` with `<name>` in the grammar: a request to claim.
+    Candidate,
+    /// A dot name, or a grammatical name not ending in `.json`: never read.
+    Ignored,
+    /// Neither grammatical nor a dot name: moved to rejected/ (`bad-name`).
+    Bad,
+}
+
+pub fn classify_name(name: &str) -> Name {
+    if name.starts_with('.') {
+        return Name::Ignored;
+    }
+    if let Some(stem) = name.strip_suffix(".json") {
+        if is_id(stem, 200) {
+            return Name::Candidate;
+        }
+    }
+    if is_id(name, 200) {
+        Name::Ignored
+    } else {
+        Name::Bad
+    }
+}
+
+pub enum Outcome {
+    Claimed(Status),
+    Rejected,
+    /// Left in place for a later look (busy, still being written, raced).
+    Later,
+    /// A capacity error: stop claiming until storage recovers.
+    Capacity(io::Error),
+}
+
+pub struct Claimer<'a> {
+    pub layout: &'a Layout,
+    pub w: &'a mut Writer,
+    pub ctx: &'a dyn Context,
+}
+
+fn reject_early(code: &'static str, msg: String) -> Result<(), Rejection> {
+    Err(Rejection::new(code, msg))
+}
+
+/// PROTOCOL §2.3 step 1: checks on the lstat of a spool entry.
+pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection> {
+    let p = path.display();
+    let ft = md.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_symlink() {
+            "a symbolic link"
+        } else {
+            "not a regular file (FIFO, socket or device)"
+        };
+        return reject_early("not-regular-file", format!("{p} is {kind}; publish requests as regular files"));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if md.uid() != uid {
+        return reject_early(
+            "bad-owner",
+            format!("{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests", md.uid()),
+        );
+    }
+    if md.nlink() != 1 {
+        return reject_early(
+            "not-regular-file",
+            format!("{p} has {} hard links; publish a fresh file (write a dot file, then rename it)", md.nlink()),
+        );
+    }
+    if md.mode() & 0o022 != 0 {
+        return reject_early(
+            "bad-permissions",
+            format!("{p} has mode {:o}, writable by group or others; create it with mode 0600", md.mode() & 0o7777),
+        );
+    }
+    if md.len() > MAX_REQUEST_BYTES {
+        return reject_early(
+            "too-large",
+            format!("{p} is {} bytes; a request may be at most {MAX_REQUEST_BYTES} bytes", md.len()),
+        );
+    }
+    Ok(())
+}
+
+impl Claimer<'_> {
+    /// Process one spool entry by name.
+    pub fn process(&mut self, name: &str) -> Outcome {
+        let path = self.layout.spool().join(name);
+        match classify_name(name) {
+            Name::Ignored => return Outcome::Later,
+            Name::Bad => {
+                let msg = format!(
+                    "the name `{}` is not a valid request name; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{{0,199}}",
+                    name.escape_debug()
+                );
+                return self.reject(&path, name, Rejection::new("bad-name", msg), None);
+            }
+            Name::Candidate => {}
+        }
+        let md = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Outcome::Later,
+            Err(e) if is_capacity(&e) => return Outcome::Capacity(e),
+            Err(e) => {
+                tracing::warn!(request = name, error = %e, "cannot lstat a spool entry; will retry");
+                return Outcome::Later;
+            }
+        };
+        if let Err(r) = check_entry(&path, &md) {
+            return self.reject(&path, name, r, None);
+        }
+        // Step 2: open without following, without blocking, and check it is the same file.
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if is_capacity(&e) => return Outcome::Capacity(e),
+            Err(_) => return Outcome::Later, // replaced or removed meanwhile: look again
+        };
+        let Ok(fmd) = file.metadata() else { return Outcome::Later };
+        if fmd.dev() != md.dev() || fmd.ino() != md.ino() {
+            return Outcome::Later;
+        }
+        // Step 3: the writer may still hold it.
+        match fsutil::flock(&file, true) {
+            Ok(true) => {}
+            Ok(false) => return Outcome::Later,
+            Err(e) => {
+                tracing::warn!(request = name, error = %e, "cannot lock a spool entry; will retry");
+                return Outcome::Later;
+            }
+        }
+        // Re-check after the lock: an in-place writer may have grown it or changed its mode.
+        let Ok(fmd) = file.metadata() else { return Outcome::Later };
+        if let Err(r) = check_entry(&path, &fmd) {
+            return self.reject(&path, name, r, None);
+        }
+        // Step 4: read (bounded) and parse.
+        let mut raw = Vec::with_capacity(fmd.len() as usize);
+        if let Err(e) = (&file).take(MAX_REQUEST_BYTES + 1).read_to_end(&mut raw) {
+            if is_capacity(&e) {
+                return Outcome::Capacity(e);
+            }
+            return Outcome::Later;
+        }
+        if raw.len() as u64 > MAX_REQUEST_BYTES {
+            let r = Rejection::new("too-large", format!("{} grew past {MAX_REQUEST_BYTES} bytes", path.display()));
+            return self.reject(&path, name, r, None);
+        }
+        let value = match request::parse(&raw) {
+            Ok(v) => v,
+            Err(r) => {
+                let age = crate::now_ms() - mtime_ms(&fmd);
+                if age < WRITE_GRACE_MS {
+                    return Outcome::Later;
+                }
+                return self.reject(&path, name, r, None);
+            }
+        };
+        // Step 5: validate.
+        let req = match request::validate(&raw, &value, self.ctx) {
+            Ok(r) => r,
+            Err(r) => {
+                let run_id = value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).map(str::to_string);
+                return self.reject(&path, name, r, run_id.map(|id| (id, value.clone())));
+            }
+        };
+        self.claim(&path, name, file, req)
+    }
+
+    /// Steps 6 to 8.
+    fn claim(&mut self, path: &Path, name: &str, _lock: File, req: Request) -> Outcome {
+        let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let dir = self.layout.run_dir(&run_id);
+        let created = match std::fs::DirBuilder::new().mode_private().create(&dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists() {
+                    let r = Rejection::new(
+                        "duplicate-run-id",
+                        format!("run id `{run_id}` is already used by {}; choose another runId or omit it", dir.display()),
+                    );
+                    return self.reject(path, name, r, None);
+                }
+                false // an interrupted claim of this same request: carry on
+            }
+            Err(e) if is_capacity(&e) => return Outcome::Capacity(e),
+            Err(e) => {
+                tracing::error!(request = name, run_id, error = %e, "cannot create the run directory; will retry");
+                return Outcome::Later;
+            }
+        };
+        let undo = |e: io::Error| {
+            if created {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            e
+        };
+        let prep = mkdir_private(&RunPaths::control(&dir))
+            .and_then(|_| fsutil::touch(&RunPaths::status_lock(&dir)))
+            .map_err(undo);
+        if let Err(e) = prep {
+            return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
+        }
+        // Step 7: the commit.
+        if let Err(e) = rename_noreplace(path, &RunPaths::request(&dir)) {
+            let e = undo(e);
+            return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
+        }
+        let _ = fsync_dir(&dir);
+        let _ = fsync_dir(&self.layout.spool());
+        tracing::info!(run_id = %run_id, request = name, priority = req.priority, "claimed");
+        match finish_claim(self.w, self.layout, &run_id, &req) {
+            Ok(s) => Outcome::Claimed(s),
+            Err(e) if is_capacity(&e) => Outcome::Capacity(e),
+            Err(e) => {
+                tracing::error!(run_id = %run_id, error = %e, "claimed but could not write the queued status; the next start finishes it");
+                Outcome::Later
+            }
+        }
+    }
+
+    /// Move an entry to rejected/ with its error file (and a rejected run
+    /// when the body carried a valid, unused run id).
+    fn reject(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>) -> Outcome {
+        match reject_entry(self.w, self.layout, path, name, &r, run) {
+            Ok(()) => Outcome::Rejected,
+            Err(e) if is_capacity(&e) => Outcome::Capacity(e),
+            Err(e) => {
+                tracing::error!(request = name, error = %e, "cannot move a rejected request; will retry");
+                Outcome::Later
+            }
+        }
+    }
+}
+
+trait DirBuilderPrivate {
+    fn mode_private(&mut self) -> &mut Self;
+}
+impl DirBuilderPrivate for std::fs::DirBuilder {
+    fn mode_private(&mut self) -> &mut Self {
+        use std::os::unix::fs::DirBuilderExt;
+        self.mode(0o700)
+    }
+}
+
+fn mtime_ms(md: &std::fs::Metadata) -> i64 {
+    md.mtime() * 1000 + md.mtime_nsec() / 1_000_000
+}
+
+/// Step 8: queued status, active marker, queued event. Also finishes a
+/// half-claimed run (request.json without status.json) at daemon start.
+pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> io::Result<Status> {
+    let dir = l.run_dir(run_id);
+    let now = crate::now_ms();
+    let queued = Status::queued(req, run_id, &dir, now);
+    let s = run::update_status(w, &dir, |cur| match cur {
+        Some(_) => None, // already written (a racing finisher): keep it
+        None => Some(queued),
+    })?
+    .expect("status exists after update");
+    if s.state.is_active() {
+        run::event(w, &dir, run_id, "subagent.run.queued", json!({"priority": s.queue.priority}));
+        let (l2, s2) = (l.clone(), s.clone());
+        w.then(format!("active marker {run_id}"), Box::new(move || index::mark_active(&l2, &s2)))?;
+    }
+    Ok(s)
+}
+
+/// Pick free names `<base>[-N].json` / `<base>[-N].error.json` in rejected/.
+fn rejected_names(l: &Layout, name: &str, n: u32) -> (PathBuf, PathBuf) {
+    let (base, ext) = match name.strip_suffix(".json") {
+        Some(b) => (b.to_string(), ".json"),
+        None => (name.to_string(), ""),
+    };
+    let base = if n == 0 { base } else { format!("{base}-{n}") };
+    let entry = format!("{base}{ext}");
+    let mut err = format!("{base}.error.json");
+    if err.len() > 255 {
+        err = format!("~sha256-{}.error.json", crate::protocol::seg::sha256_hex(entry.as_bytes()));
+    }
+    (l.rejected().join(entry), l.rejected().join(err))
+}
+
+pub fn reject_entry(
+    w: &mut Writer,
+    l: &Layout,
+    path: &Path,
+    name: &str,
+    r: &Rejection,
+    run: Option<(String, Value)>,
+) -> io::Result<()> {
+    let mut n = 0;
+    let (entry, err) = loop {
+        let (entry, err) = rejected_names(l, name, n);
+        if !err.exists() {
+            match rename_noreplace(path, &entry) {
+                Ok(()) => break (entry, err),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        n += 1;
+    };
+    let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    write_error_file(&err, &file, r)?;
+    let _ = fsync_dir(&l.spool());
+    tracing::warn!(request = name, code = r.code, "rejected: {}", r.message);
+    if let Some((run_id, body)) = run {
+        if !l.run_dir(&run_id).exists() {
+            rejected_run(w, l, &run_id, &body, r)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_error_file(err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
+    let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
+    fsutil::write_atomic(err, &serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, true)
+}
+
+/// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
+fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
+    let dir = l.run_dir(run_id);
+    mkdir_private(&dir)?;
+    let now = crate::now_ms();
+    let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_string);
+    let mode = match body.get("steps").and_then(Value::as_array).map(|a| a.as_slice()) {
+        Some([one]) if one.get("parallel").is_some() => crate::protocol::request::Mode::Parallel,
+        Some([_]) => crate::protocol::request::Mode::Single,
+        _ => crate::protocol::request::Mode::Chain,
+    };
+    let status = Status {
+        run_id: run_id.to_string(),
+        session_id: text("sessionId").filter(|s| s.len() <= 4096).unwrap_or_else(|| "default".into()),
+        tool_call_id: text("toolCallId").filter(|s| s.len() <= 4096),
+        completion_owner_id: text("completionOwnerId").filter(|s| s.len() <= 256),
+        mode,
+        state: State::Rejected,
+        started_at: now,
+        last_update: now,
+        ended_at: Some(now),
+        timeout_ms: 0,
+        deadline_at: None,
+        timed_out: false,
+        stopped: false,
+        error: Some(format!("{}: {}", r.code, r.message)),
+        exit_code: Some(1),
+        pid: None,
+        runner: None,
+        cwd: text("cwd").unwrap_or_default(),
+        current_step: 0,
+        chain_step_count: 0,
+        parallel_groups: vec![],
+        queue: Default::default(),
+        output_file: None,
+        steps: vec![],
+        extra: Default::default(),
+    };
+    let s = results::write_terminal(w, l, run_id, |cur| if cur.is_some() { None } else { Some(status) })?;
+    if s.is_some_and(|s| s.state == State::Rejected) {
+        run::event(w, &dir, run_id, "subagent.run.rejected", json!({"code": r.code, "message": r.message}));
+    }
+    Ok(())
+}
+
+/// At start: a rejected entry whose error file is missing (the daemon died
+/// between the two) gets one. Rejections are deterministic, so the reason is
+/// found again by re-checking the entry.
+pub fn recover_rejected(l: &Layout, ctx: &dyn Context) {
+    let Ok(rd) = std::fs::read_dir(l.rejected()) else { return };
+    let names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+    let set: std::collections::HashSet<&String> = names.iter().collect();
+    for name in &names {
+        if name.starts_with('.') || name.ends_with(".error.json") {
+            continue;
+        }
+        let (entry, err) = {
+            let stem = name.strip_suffix(".json").unwrap_or(name);
+            (l.rejected().join(name), format!("{stem}.error.json"))
+        };
+        if set.contains(&err) || err.len() > 255 {
+            continue;
+        }
+        let r = recheck(&entry, name, ctx);
+        if let Err(e) = write_error_file(&l.rejected().join(&err), name, &r) {
+            tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
+        } else {
+            tracing::info!(request = %name, code = r.code, "wrote the missing rejection file");
+        }
+    }
+}
+
+fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
+    let unknown = || Rejection::new("invalid-json", "the reason for this rejection was lost in a crash; resubmit the request".to_string());
+    if classify_name(name) == Name::Bad {
+        return Rejection::new("bad-name", format!("the name `{}` is not a valid request name", name.escape_debug()));
+    }
+    let Ok(md) = std::fs::symlink_metadata(path) else { return unknown() };
+    if let Err(r) = check_entry(path, &md) {
+        return r;
+    }
+    let Ok(raw) = fsutil::read_nofollow(path, MAX_REQUEST_BYTES + 1) else { return unknown() };
+    match request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)) {
+        Err(r) => r,
+        Ok(req) => match req.run_id {
+            Some(id) => Rejection::new("duplicate-run-id", format!("run id `{id}` was already used")),
+            None => unknown(),
+        },
+    }
+}
+
+/// Is this run directory a claim that stopped between commit and status?
+pub fn is_half_claimed(dir: &Path) -> bool {
+    RunPaths::request(dir).exists() && !RunPaths::status(dir).exists()
+}
+
+/// Steps that never ran, for runs ended before starting.
+pub fn skip_all(s: &mut Status, status: StepState, msg: &str) {
+    for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
+        st.status = status;
+        st.exit_code = Some(-1);
+        st.duration_ms = Some(0);
+        st.error = Some(msg.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn names() {
+        assert_eq!(classify_name("a.json"), Name::Candidate);
+        assert_eq!(classify_name(".a.json"), Name::Ignored);
+        assert_eq!(classify_name("rejected"), Name::Ignored);
+        assert_eq!(classify_name("x.txt"), Name::Ignored);
+        assert_eq!(classify_name("bad name.json"), Name::Bad);
+        assert_eq!(classify_name("-x.json"), Name::Bad);
+        assert_eq!(classify_name(&format!("{}.json", "a".repeat(200))), Name::Candidate);
+        assert_eq!(classify_name(&format!("{}.json", "a".repeat(201))), Name::Bad);
+    }
+}

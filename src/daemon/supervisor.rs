@@ -1,0 +1,118 @@
+//! Runner liveness, spawning, repair of dead runs (PROTOCOL §12).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::protocol::status::{State, StepState};
+use crate::store::fsutil;
+use crate::store::layout::RunPaths;
+use crate::store::{index, results, run, Layout, Writer};
+
+/// Start `runspool runner <runDir>` detached: its own session, stdio to the
+/// run's log files, none of the service manager's variables.
+pub fn spawn_runner(exe: &Path, run_dir: &Path) -> io::Result<Child> {
+    let log = |name: &str| {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(run_dir.join(name))
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("runner")
+        .arg(run_dir)
+        .current_dir(run_dir)
+        .stdin(Stdio::null())
+        .stdout(log("runner.stdout.log")?)
+        .stderr(log("runner.stderr.log")?);
+    for k in crate::runner::SCRUBBED_ENV {
+        cmd.env_remove(k);
+    }
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(io::Error::from));
+    }
+    cmd.spawn()
+}
+
+/// Take `runner.lock` if no live runner holds it. Holding it proves the
+/// runner is gone and keeps a new one from starting while we repair.
+pub fn take_runner_lock(run_dir: &Path) -> io::Result<Option<File>> {
+    fsutil::lock(&RunPaths::runner_lock(run_dir), true)
+}
+
+/// Repair an active run whose runner died (the caller holds runner.lock).
+pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
+    let dir = l.run_dir(run_id);
+    let Some(cur) = run::read_status(&dir)? else { return Ok(()) };
+    if !cur.state.is_active() {
+        return Ok(());
+    }
+    // Kill what is left of the run's step process groups first.
+    for st in &cur.steps {
+        if let (StepState::Running, Some(pgid)) = (st.status, st.pid) {
+            if !crate::platform::run_processes_in_group(pgid, run_id).is_empty() {
+                tracing::warn!(run_id, pgid, "killing the step process group left by a dead runner");
+                let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
+            }
+        }
+    }
+    let pid = cur.pid.or(cur.runner.as_ref().map(|r| r.pid)).unwrap_or(0);
+    let tail = results::tail(&dir.join("runner.stderr.log"), 2048);
+    let lines: Vec<&str> = tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect();
+    let mut message = format!("runner process {pid} exited before recording a result");
+    if !lines.is_empty() {
+        message.push_str(": ");
+        message.push_str(&lines.join("\n"));
+    }
+    let now = crate::now_ms();
+    let msg = message.clone();
+    let s = results::write_terminal(w, l, run_id, move |cur| {
+        let mut s = cur?;
+        if !s.state.is_active() {
+            return None;
+        }
+        for st in s.steps.iter_mut().filter(|st| matches!(st.status, StepState::Running | StepState::Pending)) {
+            st.status = StepState::Failed;
+            st.exit_code = Some(1);
+            st.error = Some(msg.clone());
+            st.ended_at = Some(now);
+            if st.duration_ms.is_none() {
+                st.duration_ms = Some(st.started_at.map(|t| now - t).unwrap_or(0));
+            }
+        }
+        s.state = State::Failed;
+        s.ended_at = Some(now);
+        s.error = Some(msg);
+        s.exit_code = Some(s.terminal_exit_code());
+        Some(s)
+    })?;
+    if s.is_some_and(|s| s.state == State::Failed) {
+        tracing::warn!(run_id, pid, "repaired a run whose runner died");
+        run::event(w, &dir, run_id, "subagent.run.repaired_stale", json!({"pid": pid, "message": message}));
+    }
+    Ok(())
+}
+
+/// A terminal run whose publication may have been cut short (the runner or
+/// the daemon died between the status and the indexes): finish it again.
+pub fn ensure_published(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
+    let Some(s) = run::read_status(&l.run_dir(run_id))? else { return Ok(()) };
+    if s.state.is_active() {
+        return Ok(());
+    }
+    let marker = index::terminal_marker_path(l, &s);
+    if !marker.exists() || l.active().join(run_id).exists() {
+        results::finish_terminal(w, l, &s)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! runspool: a per-user resident supervisor for background runs.
+//!
+//! The filesystem is the API (see docs/protocol-notes.md and PROTOCOL.md):
+//! `protocol` holds the pure types and validation, `store` every file
+//! operation, `daemon` the resident loop, `runner` one run, `cli` the
+//! user-facing commands.
+
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod platform;
+pub mod protocol;
+pub mod runner;
+pub mod store;
+
+/// Milliseconds since the Unix epoch, the only clock the protocol uses.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,124 @@
+//! What differs between Linux and macOS: process identity, no-replace rename,
+//! process-group membership.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// A token that differs between two processes that had the same pid:
+/// `linux:<starttime ticks>` from /proc/<pid>/stat field 22.
+pub fn start_identity(pid: u32) -> Option<String> {
+    #[cfg(target_os = "linux")]
+    {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name may contain spaces and parentheses: fields start after the last ')'.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let ticks = rest.split(' ').nth(19)?;
+        Some(format!("linux:{ticks}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        None
+    }
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// Is a process with this pid alive (or a zombie)?
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::EPERM) => true,
+        Err(_) => false,
+    }
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// rename(2) that fails with EEXIST instead of replacing the target.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let (a, b) = (cstr(from)?, cstr(to)?);
+    #[cfg(target_os = "linux")]
+    let rc = unsafe {
+        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE)
+    };
+    #[cfg(target_os = "macos")]
+    let rc = unsafe { libc::renamex_np(a.as_ptr(), b.as_ptr(), libc::RENAME_EXCL) };
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    let rc = {
+        // Elsewhere: link + unlink gives the same no-replace guarantee for files.
+        let r = unsafe { libc::link(a.as_ptr(), b.as_ptr()) };
+        if r == 0 {
+            unsafe { libc::unlink(a.as_ptr()) }
+        } else {
+            r
+        }
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Pids whose process group is `pgid` and whose environment carries
+/// `RUNSPOOL_RUN_ID=<run_id>`: the only processes a repair may kill, so a
+/// reused pid or group id never hits a stranger.
+pub fn run_processes_in_group(pgid: u32, run_id: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    #[cfg(target_os = "linux")]
+    {
+        let needle = format!("RUNSPOOL_RUN_ID={run_id}");
+        let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some(close) = stat.rfind(')') else { continue };
+            // Fields after ')': state ppid pgrp ...
+            let pgrp = stat[close + 2..].split(' ').nth(2).and_then(|s| s.parse::<u32>().ok());
+            if pgrp != Some(pgid) {
+                continue;
+            }
+            if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+                    out.push(pid);
+                }
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // Without /proc the group leader's existence is the best evidence there is.
+        let _ = run_id;
+        if pid_alive(pgid) {
+            out.push(pgid);
+        }
+    }
+    out
+}
+
+/// Free bytes and free inodes available to us under `path`.
+pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
+    let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+    let bytes = (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64);
+    let files = s.files_available() as u64;
+    Ok((bytes, files))
+}
+
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{sig}"))
+}

@@ -1,0 +1,536 @@
+//! `runspool runner <runDir>`: one run. Holds runner.lock for its whole life,
+//! runs the steps in their own process groups, enforces timeouts, obeys the
+//! control inbox, and records every outcome in status.json.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::protocol::request::{Item, Request, Step};
+use crate::protocol::status::{RunnerInfo, State, Status, StepState};
+use crate::store::fsutil;
+use crate::store::layout::RunPaths;
+use crate::store::run::{event, update_status};
+use crate::store::{results, Layout, Writer};
+
+/// Variables that belong to the service manager and must not leak into steps.
+pub const SCRUBBED_ENV: &[&str] =
+    &["NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "JOURNAL_STREAM"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Halt {
+    Interrupt,
+    Timeout,
+    Stop,
+}
+
+enum Msg {
+    Exited(usize, std::io::Result<ExitStatus>),
+    Control,
+}
+
+struct Running {
+    pid: u32,
+    started: Instant,
+    deadline: Option<Instant>,
+    /// Pending escalation: the next signal and when to send it.
+    escalate: Option<(Instant, Signal)>,
+    timed_out: bool,
+}
+
+pub struct Runner {
+    layout: Layout,
+    dir: PathBuf,
+    req: Request,
+    status: Status,
+    w: Writer,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    halt: Option<Halt>,
+    halt_reason: String,
+    run_deadline: Instant,
+    step_timed_out: bool,
+    previous_output: Option<String>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+/// Entry point. Returns the process exit code.
+pub fn main(run_dir: &Path) -> i32 {
+    match run(run_dir) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("runspool runner {}: {e:#}", run_dir.display());
+            1
+        }
+    }
+}
+
+fn run(run_dir: &Path) -> anyhow::Result<i32> {
+    let dir = std::fs::canonicalize(run_dir)?;
+    let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
+    let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
+    let Some(_lock) = fsutil::lock(&RunPaths::runner_lock(&dir), true)? else {
+        eprintln!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
+        return Ok(0);
+    };
+    let raw = fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)?;
+    let req: Request = serde_json::from_slice(&raw)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
+    let (tx, rx) = channel();
+    let mut w = Writer::new();
+    let now = crate::now_ms();
+    let pid = std::process::id();
+    let mut started = None;
+    update_status(&mut w, &dir, |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        s.state = State::Running;
+        s.started_at = now;
+        s.deadline_at = Some(now + s.timeout_ms as i64);
+        s.pid = Some(pid);
+        s.runner = Some(RunnerInfo {
+            pid,
+            hostname: crate::platform::hostname(),
+            start_identity: crate::platform::start_identity(pid),
+            process_instance_id: uuid::Uuid::new_v4().to_string(),
+        });
+        started = Some(s.clone());
+        Some(s)
+    })?;
+    let Some(status) = started else {
+        eprintln!("run {} is not queued; nothing to do", dir.display());
+        return Ok(0);
+    };
+    let run_deadline = Instant::now() + Duration::from_millis(status.timeout_ms);
+    let mut r = Runner {
+        layout,
+        dir,
+        req,
+        status,
+        w,
+        tx,
+        rx,
+        halt: None,
+        halt_reason: String::new(),
+        run_deadline,
+        step_timed_out: false,
+        previous_output: None,
+        _watcher: None,
+    };
+    r.watch_control();
+    r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
+    r.execute();
+    r.finish();
+    Ok(0)
+}
+
+impl Runner {
+    fn ev(&mut self, kind: &str, fields: serde_json::Value) {
+        event(&mut self.w, &self.dir, &self.status.run_id.clone(), kind, fields);
+    }
+
+    fn save(&mut self) {
+        let snap = self.status.clone();
+        let res = update_status(&mut self.w, &self.dir, move |cur| {
+            let mut s = snap;
+            if let Some(c) = cur {
+                for (k, v) in c.extra {
+                    s.extra.entry(k).or_insert(v);
+                }
+            }
+            Some(s)
+        });
+        match res {
+            Ok(Some(s)) => self.status.last_update = s.last_update,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "status read-merge failed; writing the runner's own copy");
+                let bytes = serde_json::to_vec_pretty(&self.status).unwrap_or_default();
+                let durable = !self.status.state.is_active();
+                if let Err(e) = self.w.write(&RunPaths::status(&self.dir), bytes, durable) {
+                    eprintln!("cannot write status.json: {e}");
+                }
+            }
+        }
+    }
+
+    fn watch_control(&mut self) {
+        use notify::Watcher;
+        let control = RunPaths::control(&self.dir);
+        let _ = fsutil::mkdir_private(&control);
+        let tx = self.tx.clone();
+        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+            let _ = tx.send(Msg::Control);
+        });
+        match watcher {
+            Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => self._watcher = Some(wt),
+                Err(e) => eprintln!("watching {} failed ({e}); checking it every second", control.display()),
+            },
+            Err(e) => eprintln!("no file watcher ({e}); checking the control inbox every second"),
+        }
+    }
+
+    /// Consume control files in the order stop, timeout, interrupt.
+    fn check_control(&mut self) {
+        let control = RunPaths::control(&self.dir);
+        for (name, kind) in [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)] {
+            let p = control.join(name);
+            let Ok(bytes) = fsutil::read_nofollow(&p, 64 * 1024) else { continue };
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(json!({}));
+            let reason = body.get("reason").and_then(|v| v.as_str()).map(str::to_string);
+            let source = body.get("source").and_then(|v| v.as_str()).unwrap_or("control inbox").to_string();
+            let msg = match kind {
+                Halt::Stop => format!("stopped by {source}"),
+                Halt::Timeout => format!("timed out by {source}"),
+                Halt::Interrupt => format!("interrupted by {source}"),
+            };
+            let msg = match reason {
+                Some(r) => format!("{msg}: {r}"),
+                None => msg,
+            };
+            self.request_halt(kind, msg);
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+
+    fn request_halt(&mut self, kind: Halt, reason: String) {
+        if self.halt.is_some_and(|h| h >= kind) {
+            return;
+        }
+        tracing::info!(run_id = %self.status.run_id, "halting: {reason}");
+        self.halt = Some(kind);
+        self.halt_reason = reason;
+    }
+
+    fn execute(&mut self) {
+        self.check_control();
+        let items = self.req.steps.clone();
+        let mut flat = 0;
+        for (ti, item) in items.iter().enumerate() {
+            let members: Vec<usize> = match item {
+                Item::Step(_) => vec![flat],
+                Item::Parallel(p) => (flat..flat + p.parallel.len()).collect(),
+            };
+            flat += members.len();
+            if self.halt.is_some() || self.any_failed() {
+                break;
+            }
+            self.status.current_step = ti;
+            let ok = match item {
+                Item::Step(_) => self.run_group(&members, 1),
+                Item::Parallel(p) => {
+                    let agents: Vec<String> = members.iter().map(|&i| self.status.steps[i].agent.clone()).collect();
+                    self.ev(
+                        "subagent.parallel.started",
+                        json!({"stepIndex": ti, "agents": agents, "count": members.len()}),
+                    );
+                    let conc = p.concurrency.map(|c| c as usize).unwrap_or(members.len()).max(1);
+                    let ok = self.run_group(&members, conc);
+                    self.ev("subagent.parallel.completed", json!({"stepIndex": ti, "success": ok}));
+                    ok
+                }
+            };
+            self.previous_output = members.last().and_then(|&i| self.status.steps[i].output_file.clone());
+            if !ok {
+                break;
+            }
+        }
+    }
+
+    fn any_failed(&self) -> bool {
+        self.status.steps.iter().any(|s| s.status == StepState::Failed)
+    }
+
+    /// Run the given flat steps with at most `conc` at once. True if all complete.
+    fn run_group(&mut self, members: &[usize], conc: usize) -> bool {
+        let mut queue: VecDeque<usize> = members.iter().copied().collect();
+        let mut running: BTreeMap<usize, Running> = BTreeMap::new();
+        let steps: Vec<Step> = self.req.flat_steps().into_iter().cloned().collect();
+        loop {
+            while self.halt.is_none() && running.len() < conc {
+                let Some(i) = queue.pop_front() else { break };
+                if let Some(r) = self.spawn(i, &steps[i]) {
+                    running.insert(i, r);
+                }
+            }
+            if running.is_empty() {
+                break;
+            }
+            // Sleep until the next message or the nearest deadline, at most 1 s
+            // (the control inbox is re-checked at least that often).
+            let now = Instant::now();
+            let mut wake = now + Duration::from_secs(1);
+            if self.halt.is_none() {
+                wake = wake.min(self.run_deadline);
+            }
+            for r in running.values() {
+                if let Some(d) = r.deadline {
+                    wake = wake.min(d);
+                }
+                if let Some((t, _)) = r.escalate {
+                    wake = wake.min(t);
+                }
+            }
+            match self.rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(Msg::Exited(i, res)) => {
+                    if let Some(r) = running.remove(&i) {
+                        self.record_exit(i, r, res);
+                    }
+                }
+                Ok(Msg::Control) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => unreachable!("the runner holds a sender"),
+            }
+            let before = self.halt;
+            self.check_control();
+            let now = Instant::now();
+            if self.halt.is_none() && now >= self.run_deadline {
+                let msg = format!("run timed out after {} ms", self.status.timeout_ms);
+                self.request_halt(Halt::Timeout, msg);
+            }
+            if self.halt != before {
+                let first = match self.halt {
+                    Some(Halt::Interrupt) => (Signal::SIGINT, Duration::from_secs(1), Signal::SIGTERM),
+                    _ => (Signal::SIGTERM, Duration::from_secs(3), Signal::SIGKILL),
+                };
+                for r in running.values_mut() {
+                    signal_group(r.pid, first.0);
+                    r.escalate = Some((now + first.1, first.2));
+                }
+            }
+            for r in running.values_mut() {
+                if r.deadline.is_some_and(|d| now >= d) && !r.timed_out {
+                    r.timed_out = true;
+                    r.deadline = None;
+                    signal_group(r.pid, Signal::SIGTERM);
+                    r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
+                }
+                if let Some((t, sig)) = r.escalate {
+                    if now >= t {
+                        signal_group(r.pid, sig);
+                        // After SIGTERM (interrupt ladder) comes SIGKILL; after SIGKILL, nothing.
+                        r.escalate = (sig == Signal::SIGTERM).then(|| (now + Duration::from_secs(3), Signal::SIGKILL));
+                    }
+                }
+            }
+        }
+        members.iter().all(|&i| self.status.steps[i].status == StepState::Complete)
+    }
+
+    fn spawn(&mut self, i: usize, step: &Step) -> Option<Running> {
+        let out_path = RunPaths::output(&self.dir, i);
+        let now_ms = crate::now_ms();
+        let agent = self.status.steps[i].agent.clone();
+        {
+            let st = &mut self.status.steps[i];
+            st.status = StepState::Running;
+            st.started_at = Some(now_ms);
+            st.output_file = Some(out_path.display().to_string());
+        }
+        self.status.output_file = Some(out_path.display().to_string());
+        let started = Instant::now();
+        let result = match (&step.command, &step.external_job) {
+            (Some(argv), _) => self.start_command(i, step, argv, &out_path),
+            (None, Some(j)) => Err(format!(
+                "external-job steps (provider `{}`) need the external-job bridge, which this runspool version does not service yet",
+                j.provider
+            )),
+            (None, None) => Err("the step has no command".to_string()),
+        };
+        match result {
+            Ok(pid) => {
+                self.status.steps[i].pid = Some(pid);
+                self.save();
+                self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
+                let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
+                Some(Running { pid, started, deadline, escalate: None, timed_out: false })
+            }
+            Err(msg) => {
+                self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
+                let _ = fsutil::append_line(&out_path, format!("runspool: {msg}").as_bytes());
+                let st = &mut self.status.steps[i];
+                st.status = StepState::Failed;
+                st.exit_code = Some(127);
+                st.error = Some(msg);
+                st.ended_at = Some(crate::now_ms());
+                st.duration_ms = Some(0);
+                self.save();
+                self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": 127, "durationMs": 0}));
+                None
+            }
+        }
+    }
+
+    fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<u32, String> {
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(out)
+            .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
+        let err = file.try_clone().map_err(|e| format!("cannot open {}: {e}", out.display()))?;
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .current_dir(step.cwd.as_deref().unwrap_or(&self.req.cwd))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .process_group(0);
+        for k in SCRUBBED_ENV {
+            cmd.env_remove(k);
+        }
+        cmd.envs(&self.req.env).envs(&step.env);
+        cmd.env("RUNSPOOL_RUN_ID", &self.status.run_id)
+            .env("RUNSPOOL_RUN_DIR", &self.dir)
+            .env("RUNSPOOL_STEP_INDEX", i.to_string())
+            .env("RUNSPOOL_PREVIOUS_OUTPUT", self.previous_output.as_deref().unwrap_or(""));
+        let mut child = cmd.spawn().map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
+        let pid = child.id();
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            let res = child.wait();
+            let _ = tx.send(Msg::Exited(i, res));
+        });
+        Ok(pid)
+    }
+
+    fn record_exit(&mut self, i: usize, r: Running, res: std::io::Result<ExitStatus>) {
+        let (code, signal) = match res {
+            Ok(st) => match (st.code(), st.signal()) {
+                (Some(c), _) => (c, None),
+                (None, Some(s)) => (128 + s, Some(crate::platform::signal_name(s))),
+                _ => (1, None),
+            },
+            Err(_) => (1, None),
+        };
+        // The group may have members left after its leader exited.
+        signal_group(r.pid, Signal::SIGKILL);
+        let ended = crate::now_ms();
+        let dur = r.started.elapsed().as_millis() as i64;
+        let halt = self.halt;
+        let agent = self.status.steps[i].agent.clone();
+        let st = &mut self.status.steps[i];
+        st.exit_code = Some(code);
+        st.signal = signal;
+        st.ended_at = Some(ended);
+        st.duration_ms = Some(dur);
+        let kind = if r.timed_out {
+            st.status = StepState::Failed;
+            st.timed_out = Some(true);
+            st.error = Some(format!("step timed out after {} ms", dur));
+            self.step_timed_out = true;
+            "failed"
+        } else if code == 0 && halt.is_none() {
+            st.status = StepState::Complete;
+            "completed"
+        } else {
+            match halt {
+                Some(Halt::Stop) => {
+                    st.status = StepState::Stopped;
+                    st.stopped = Some(true);
+                    "stopped"
+                }
+                Some(Halt::Interrupt) => {
+                    st.status = StepState::Paused;
+                    "paused"
+                }
+                Some(Halt::Timeout) => {
+                    st.status = StepState::Failed;
+                    st.timed_out = Some(true);
+                    "failed"
+                }
+                None => {
+                    st.status = StepState::Failed;
+                    st.error = Some(format!("exited with code {code}"));
+                    "failed"
+                }
+            }
+        };
+        self.save();
+        self.ev(
+            &format!("subagent.step.{kind}"),
+            json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
+        );
+    }
+
+    fn finish(&mut self) {
+        let now = crate::now_ms();
+        let (state, skip_status, skip_msg) = match self.halt {
+            Some(Halt::Stop) => (State::Stopped, StepState::Stopped, "skipped: the run was stopped"),
+            Some(Halt::Interrupt) => (State::Paused, StepState::Paused, "skipped: the run was interrupted"),
+            Some(Halt::Timeout) => (State::Failed, StepState::Failed, "skipped: the run timed out"),
+            None if self.any_failed() => (State::Failed, StepState::Failed, "skipped: an earlier step failed"),
+            None => (State::Complete, StepState::Complete, ""),
+        };
+        for st in self.status.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
+            st.status = skip_status;
+            st.exit_code = Some(-1);
+            st.duration_ms = Some(0);
+            st.error = Some(skip_msg.to_string());
+        }
+        let s = &mut self.status;
+        s.state = state;
+        s.ended_at = Some(now);
+        s.timed_out = self.halt == Some(Halt::Timeout) || self.step_timed_out;
+        s.stopped = self.halt == Some(Halt::Stop);
+        s.exit_code = Some(s.terminal_exit_code());
+        if state != State::Complete {
+            s.error = Some(match self.halt {
+                Some(_) => self.halt_reason.clone(),
+                None => first_error(s),
+            });
+        }
+        let duration = now - self.status.started_at;
+        match self.halt {
+            Some(Halt::Stop) => self.ev("subagent.run.stopped", json!({"message": self.halt_reason})),
+            Some(Halt::Timeout) => self.ev(
+                "subagent.run.timed_out",
+                json!({"timeoutMs": self.status.timeout_ms, "deadlineAt": self.status.deadline_at, "message": self.halt_reason}),
+            ),
+            Some(Halt::Interrupt) => self.ev("subagent.run.paused", json!({"message": self.halt_reason})),
+            None => {}
+        }
+        self.save();
+        self.ev(
+            "subagent.run.completed",
+            json!({"status": state.as_str(), "durationMs": duration, "exitCode": self.status.exit_code}),
+        );
+        if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.status) {
+            eprintln!("publishing the run's indexes and result failed: {e}");
+        }
+        // A runner with pending terminal writes does not exit (PROTOCOL §11).
+        let mut waited = 0u64;
+        while !self.w.flush() {
+            if waited % 60 == 0 {
+                eprintln!("storage full: the terminal status is kept in memory and retried every second ({waited} s so far)");
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            waited += 1;
+        }
+    }
+}
+
+fn first_error(s: &Status) -> String {
+    s.steps
+        .iter()
+        .enumerate()
+        .find(|(_, st)| st.status == StepState::Failed && st.exit_code != Some(-1))
+        .map(|(i, st)| format!("step {i} ({}) failed: {}", st.agent, st.error.clone().unwrap_or_default()))
+        .unwrap_or_else(|| "the run failed".into())
+}
+
+fn signal_group(pgid: u32, sig: Signal) {
+    let _ = killpg(Pid::from_raw(pgid as i32), sig);
+}

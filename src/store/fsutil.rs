@@ -1,0 +1,248 @@
+//! Atomic writes, locks and error classification (PROTOCOL §11).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// ENOSPC, EDQUOT, EMFILE, ENFILE: conditions to wait out, never to lose data over.
+pub fn is_capacity(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR))
+}
+
+/// The retry ladder of §11, in milliseconds.
+pub const LADDER_MS: [u64; 9] = [10, 25, 50, 100, 200, 500, 1000, 2000, 4000];
+
+/// The ladder with its total sleep capped by `RUNSPOOL_FS_RETRY_MAX_TOTAL_MS`
+/// (same length: later rungs become 0 once the budget is spent).
+pub fn ladder(max_total: Option<&str>) -> Result<Vec<u64>, String> {
+    let Some(raw) = max_total else { return Ok(LADDER_MS.to_vec()) };
+    let budget: u64 = raw.trim().parse().map_err(|_| {
+        format!("RUNSPOOL_FS_RETRY_MAX_TOTAL_MS is `{raw}`; set it to a whole number of milliseconds or unset it")
+    })?;
+    let mut left = budget;
+    Ok(LADDER_MS
+        .iter()
+        .map(|&ms| {
+            let s = ms.min(left);
+            left -= s;
+            s
+        })
+        .collect())
+}
+
+/// Run `f`, retrying EBUSY/EINTR along the ladder.
+pub fn retry_transient<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let env = std::env::var("RUNSPOOL_FS_RETRY_MAX_TOTAL_MS").ok();
+    let steps = ladder(env.as_deref()).unwrap_or_else(|_| LADDER_MS.to_vec());
+    let mut i = 0;
+    loop {
+        match f() {
+            Err(e) if is_transient(&e) && i < steps.len() => {
+                std::thread::sleep(Duration::from_millis(steps[i]));
+                i += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+pub fn mkdir_private(p: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(p) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
+pub fn mkdir_private_all(p: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(p)
+}
+
+pub fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn temp_name(target: &Path) -> PathBuf {
+    let base = target.file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
+    let tail = format!(
+        ".{}.{}.{:08x}.tmp",
+        std::process::id(),
+        crate::now_ms(),
+        uuid::Uuid::new_v4().as_u128() as u32
+    );
+    let name = if 1 + base.len() + tail.len() > 255 {
+        format!(".{}{}", crate::protocol::seg::sha256_hex(base.as_bytes()), tail)
+    } else {
+        format!(".{base}{tail}")
+    };
+    target.with_file_name(name)
+}
+
+/// Write `bytes` to `target` atomically: a dot-named temp in the same
+/// directory, then rename. `durable` fsyncs the file and the directory.
+/// The temp file never survives a failure.
+pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let tmp = temp_name(target);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_all()?;
+        }
+        drop(f);
+        retry_transient(|| std::fs::rename(&tmp, target))?;
+        if durable {
+            if let Some(dir) = target.parent() {
+                fsync_dir(dir)?;
+            }
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Open (creating 0600) a lock file without following symlinks and take an
+/// exclusive flock. `Ok(None)` when `nonblocking` and someone else holds it.
+pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    if flock(&f, nonblocking)? {
+        Ok(Some(f))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Exclusive flock; false when non-blocking and busy.
+pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
+    let op = libc::LOCK_EX | if nonblocking { libc::LOCK_NB } else { 0 };
+    loop {
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Is the lock at `path` held by a live process? Taking it is the only proof
+/// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
+pub fn lock_held(path: &Path) -> io::Result<bool> {
+    let f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    Ok(!flock(&f, true)?)
+}
+
+/// Read a small file without following a symlink, at most `max` bytes.
+pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let f = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// Append one line to a file (0600, created if missing, never a symlink).
+pub fn append_line(path: &Path, line: &[u8]) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line);
+    buf.push(b'\n');
+    f.write_all(&buf)
+}
+
+/// Create an empty regular file if it is missing.
+pub fn touch(path: &Path) -> io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map(|_| ())
+}
+
+pub fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ladder_unset_is_unchanged() {
+        assert_eq!(ladder(None).unwrap(), LADDER_MS.to_vec());
+    }
+    #[test]
+    fn ladder_clamps_total_and_keeps_length() {
+        let l = ladder(Some("100")).unwrap();
+        assert_eq!(l.len(), LADDER_MS.len());
+        assert_eq!(l.iter().sum::<u64>(), 100);
+        assert_eq!(&l[..4], &[10, 25, 50, 15]);
+    }
+    #[test]
+    fn ladder_zero_budget() {
+        assert_eq!(ladder(Some("0")).unwrap(), vec![0; 9]);
+    }
+    #[test]
+    fn ladder_rejects_bad_values() {
+        assert!(ladder(Some("-5")).unwrap_err().contains("RUNSPOOL_FS_RETRY_MAX_TOTAL_MS"));
+        assert!(ladder(Some("abc")).is_err());
+    }
+    #[test]
+    fn atomic_write_leaves_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.json");
+        write_atomic(&p, b"one", true).unwrap();
+        write_atomic(&p, b"two", false).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+        // A failing write (the target is a directory) leaves no temp behind.
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        assert!(write_atomic(&d.path().join("dir"), b"x", false).is_err());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+    #[test]
+    fn long_names_use_a_hashed_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("y".repeat(250));
+        write_atomic(&p, b"ok", false).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"ok");
+    }
+}

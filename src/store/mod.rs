@@ -1,0 +1,13 @@
+//! The filesystem layer: every path (`layout`), atomic writes and locks
+//! (`fsutil`), the capacity-resilient writer (`writer`), status/events
+//! (`run`), the indexes (`index`) and result files (`results`).
+
+pub mod fsutil;
+pub mod index;
+pub mod layout;
+pub mod results;
+pub mod run;
+pub mod writer;
+
+pub use layout::Layout;
+pub use writer::Writer;

@@ -1,0 +1,113 @@
+//! Result files (PROTOCOL §7) and the whole terminal publication sequence.
+
+use std::io;
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::fsutil::{self, mkdir_private_all};
+use super::layout::Layout;
+use super::{index, Writer};
+use crate::protocol::seg::{seg, seg250};
+use crate::protocol::status::{RunResult, State, Status, StepResult, StepState};
+
+const SUMMARY_BYTES: u64 = 4096;
+
+/// Build the result of a terminal status.
+pub fn build_result(l: &Layout, s: &Status) -> RunResult {
+    let run_dir = l.run_dir(&s.run_id);
+    let last_output = s.steps.iter().rev().find_map(|st| st.output_file.clone());
+    let summary = last_output.map(|p| tail(&PathBuf::from(p), SUMMARY_BYTES)).unwrap_or_default();
+    let ended = s.ended_at.unwrap_or(s.last_update);
+    RunResult {
+        id: s.run_id.clone(),
+        run_id: s.run_id.clone(),
+        session_id: s.session_id.clone(),
+        completion_owner_id: s.completion_owner_id.clone(),
+        mode: s.mode,
+        state: s.state,
+        success: s.state == State::Complete,
+        exit_code: s.exit_code.unwrap_or(1),
+        summary,
+        results: s
+            .steps
+            .iter()
+            .map(|st| StepResult {
+                agent: st.agent.clone(),
+                exit_code: st.exit_code.unwrap_or(-1),
+                success: st.status == StepState::Complete,
+                output_file: st.output_file.clone(),
+                error: st.error.clone(),
+            })
+            .collect(),
+        duration_ms: (ended - s.started_at).max(0),
+        timestamp: ended,
+        async_dir: run_dir.display().to_string(),
+        cwd: s.cwd.clone(),
+    }
+}
+
+/// The last `max` bytes of a file, as text (lossy at the cut).
+pub fn tail(path: &std::path::Path, max: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut buf = Vec::new();
+    let _ = f.take(max).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Stage, index and promote the result file.
+pub fn publish_result(l: &Layout, s: &Status) -> io::Result<()> {
+    let r = build_result(l, s);
+    let public = l.results().join(format!("{}.json", s.run_id));
+    let pending_dir = l.results().join("result-pending").join(seg(&s.session_id));
+    let index_dir = l.results().join("result-index/sessions").join(seg(&s.session_id));
+    mkdir_private_all(&pending_dir)?;
+    mkdir_private_all(&index_dir)?;
+    let name = format!("{}.json", seg250(&s.run_id));
+    let pending = pending_dir.join(&name);
+    fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
+    let idx = json!({
+        "version": 1, "runId": s.run_id, "sessionId": s.session_id,
+        "file": public.display().to_string(), "writtenAt": crate::now_ms(),
+        "asyncDir": r.async_dir,
+    });
+    fsutil::write_atomic(&index_dir.join(&name), &serde_json::to_vec(&idx).map_err(io::Error::other)?, false)?;
+    std::fs::rename(&pending, &public)?;
+    Ok(())
+}
+
+/// After a terminal status write: indexes, then the result, each idempotent,
+/// queued behind the status if the disk is full.
+pub fn finish_terminal(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()> {
+    let (l, s) = (l.clone(), s.clone());
+    w.then(
+        format!("finish {}", s.run_id),
+        Box::new(move || {
+            index::mark_terminal(&l, &s)?;
+            index::unmark_active(&l, &s.run_id, s.tool_call_id.as_deref())?;
+            publish_result(&l, &s)
+        }),
+    )
+}
+
+/// Write a terminal status for a run through the full sequence (status,
+/// event, indexes, result). Used by the daemon for repairs, stops of queued
+/// runs and rejections. `f` turns the current status into the terminal one.
+pub fn write_terminal(
+    w: &mut Writer,
+    l: &Layout,
+    run_id: &str,
+    f: impl FnOnce(Option<Status>) -> Option<Status>,
+) -> io::Result<Option<Status>> {
+    let dir = l.run_dir(run_id);
+    let s = super::run::update_status(w, &dir, f)?;
+    if let Some(s) = &s {
+        if !s.state.is_active() {
+            finish_terminal(w, l, s)?;
+        }
+    }
+    Ok(s)
+}

@@ -1,0 +1,70 @@
+//! One run directory: status.json under `.status.lock`, and events.jsonl.
+
+use std::io;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::fsutil::{self, is_capacity};
+use super::layout::RunPaths;
+use super::Writer;
+use crate::protocol::status::Status;
+
+/// Read status.json (or None if missing). A status that does not parse is an error.
+pub fn read_status(run_dir: &Path) -> io::Result<Option<Status>> {
+    match fsutil::read_nofollow(&RunPaths::status(run_dir), 16 * 1024 * 1024) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", RunPaths::status(run_dir).display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Read, merge and write status.json holding `.status.lock` (PROTOCOL §4).
+/// `f` returns false to skip the write. A terminal state is never replaced by
+/// an active one. The base is the newest payload the writer still holds for
+/// this path (full disk), else the file.
+pub fn update_status(
+    w: &mut Writer,
+    run_dir: &Path,
+    f: impl FnOnce(Option<Status>) -> Option<Status>,
+) -> io::Result<Option<Status>> {
+    let lock = match fsutil::lock(&RunPaths::status_lock(run_dir), false) {
+        Ok(l) => l,
+        // No inode or fd to spare for the lock: go on without it; the writer keeps the payload.
+        Err(e) if is_capacity(&e) => None,
+        Err(e) => return Err(e),
+    };
+    let path = RunPaths::status(run_dir);
+    let base = match w.pending_for(&path) {
+        Some(b) => serde_json::from_slice(b).ok(),
+        None => read_status(run_dir)?,
+    };
+    let was_terminal = base.as_ref().map(|s: &Status| !s.state.is_active()).unwrap_or(false);
+    let Some(mut new) = f(base.clone()) else { return Ok(base) };
+    if was_terminal && new.state.is_active() {
+        return Ok(base);
+    }
+    new.last_update = crate::now_ms().max(new.last_update + 1);
+    let durable = !new.state.is_active();
+    let bytes = serde_json::to_vec_pretty(&new).map_err(io::Error::other)?;
+    w.write(&path, bytes, durable)?;
+    drop(lock);
+    Ok(Some(new))
+}
+
+/// Append one event (`type`, `ts`, `runId` plus `fields`). Events are
+/// diagnostics: on a full disk they are dropped and counted, never retried.
+pub fn event(w: &mut Writer, run_dir: &Path, run_id: &str, kind: &str, fields: Value) {
+    let mut ev = json!({ "type": kind, "ts": crate::now_ms(), "runId": run_id });
+    if let (Some(o), Value::Object(extra)) = (ev.as_object_mut(), fields) {
+        o.extend(extra);
+    }
+    let line = serde_json::to_vec(&ev).unwrap_or_default();
+    match fsutil::append_line(&RunPaths::events(run_dir), &line) {
+        Ok(()) => {}
+        Err(e) if is_capacity(&e) => w.dropped_event(&e),
+        Err(e) => tracing::warn!(run_id, error = %e, "could not append event {kind}"),
+    }
+}
