@@ -122,6 +122,8 @@ pub struct Daemon {
     next_retention: Instant,
     low_space: Option<String>,
     stopping: bool,
+    watchdog: Option<Duration>,
+    last_watchdog: Instant,
 }
 
 pub struct Options {
@@ -192,6 +194,8 @@ impl Daemon {
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
             stopping: false,
+            watchdog: report::watchdog_interval(),
+            last_watchdog: Instant::now(),
         };
         d.write_report(true);
         d.recover();
@@ -286,6 +290,7 @@ impl Daemon {
 
     /// The event loop. Returns when asked to stop (SIGTERM/SIGINT).
     pub fn run(mut self) -> i32 {
+        report::sd_notify("READY=1");
         while !self.stopping {
             self.turn();
             let timeout = self.next_wake().saturating_duration_since(Instant::now());
@@ -316,6 +321,9 @@ impl Daemon {
         }
         if !self.watch.is_native() {
             t = t.min(Instant::now() + Duration::from_millis(self.cfg.watch.poll_interval_ms));
+        }
+        if let Some(w) = self.watchdog {
+            t = t.min(self.last_watchdog + w);
         }
         if self.spool_dirty {
             t = Instant::now();
@@ -364,6 +372,11 @@ impl Daemon {
         self.check_running();
         self.schedule();
         self.write_report(false);
+        // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
+        if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
+            report::sd_notify("WATCHDOG=1");
+            self.last_watchdog = Instant::now();
+        }
     }
 
     fn rescan(&mut self) {
@@ -615,6 +628,10 @@ impl Daemon {
         if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
             return;
         }
+        report::sd_notify(&format!(
+            "STATUS=watching {}; {} running, {} queued; storage {}",
+            r.watch.backend, r.runs.running, r.runs.queued, r.storage.state
+        ));
         r.updated_at = crate::now_ms();
         let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
         if let Err(e) = self.w.write(&self.layout.daemon_json(), bytes, false) {
@@ -625,6 +642,7 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) {
+        report::sd_notify("STOPPING=1");
         // Flush deferred writes for a little while; whatever is left is
         // rebuilt from disk by the next start.
         let until = Instant::now() + Duration::from_secs(3);

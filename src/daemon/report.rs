@@ -51,3 +51,42 @@ impl DaemonStatus {
         &a == o
     }
 }
+
+/// sd_notify(3) without libsystemd: one datagram to `$NOTIFY_SOCKET`.
+/// A no-op outside systemd (and under launchd).
+pub fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let bytes = path.as_encoded_bytes();
+    let r = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = abstract_name;
+            Ok(0)
+        }
+    } else {
+        sock.send_to(state.as_bytes(), std::path::Path::new(&path))
+    };
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Half the systemd watchdog period, when one is set for this process.
+pub fn watchdog_interval() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Some(pid) = std::env::var("WATCHDOG_PID").ok().and_then(|p| p.parse::<u32>().ok()) {
+        if pid != std::process::id() {
+            return None;
+        }
+    }
+    Some(std::time::Duration::from_micros(usec / 2))
+}

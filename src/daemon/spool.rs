@@ -46,7 +46,7 @@ pub fn classify_name(name: &str) -> Name {
 }
 
 pub enum Outcome {
-    Claimed(Status),
+    Claimed(Box<Status>),
     Rejected,
     /// Left in place for a later look (busy, still being written, raced).
     Later,
@@ -237,7 +237,7 @@ impl Claimer<'_> {
         let _ = fsync_dir(&self.layout.spool());
         tracing::info!(run_id = %run_id, request = name, priority = req.priority, "claimed");
         match finish_claim(self.w, self.layout, &run_id, &req) {
-            Ok(s) => Outcome::Claimed(s),
+            Ok(s) => Outcome::Claimed(Box::new(s)),
             Err(e) if is_capacity(&e) => Outcome::Capacity(e),
             Err(e) => {
                 tracing::error!(run_id = %run_id, error = %e, "claimed but could not write the queued status; the next start finishes it");
