@@ -155,7 +155,8 @@ impl Daemon {
             return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
         };
         let (tx, rx) = channel();
-        let watch = Watch::start(&layout, tx.clone(), &cfg.watch.strategy).map_err(StartError::Config)?;
+        let watch = Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
+            .map_err(StartError::Config)?;
         let pid = std::process::id();
         let now = crate::now_ms();
         let report = DaemonStatus {
@@ -166,7 +167,7 @@ impl Daemon {
             started_at: now,
             updated_at: now,
             runspool_version: env!("CARGO_PKG_VERSION").to_string(),
-            watch: WatchInfo { strategy: watch.strategy.into(), backend: watch.backend.into(), reason: watch.reason.clone() },
+            watch: WatchInfo { strategy: watch.strategy_name().into(), backend: watch.choice.backend.into(), reason: watch.choice.reason.clone() },
             storage: StorageInfo { state: "ok".into(), reason: None, since: None },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
@@ -201,7 +202,7 @@ impl Daemon {
         d.recover();
         retention::sweep(&d.layout, d.cfg.retention_days);
         tracing::info!(
-            root = %d.layout.root.display(), watch = d.watch.backend,
+            root = %d.layout.root.display(), watch = d.watch.choice.backend,
             queued = d.queue.len(), running = d.running.len(), "runspool daemon started"
         );
         Ok(d)
@@ -319,9 +320,6 @@ impl Daemon {
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
         }
-        if !self.watch.is_native() {
-            t = t.min(Instant::now() + Duration::from_millis(self.cfg.watch.poll_interval_ms));
-        }
         if let Some(w) = self.watchdog {
             t = t.min(self.last_watchdog + w);
         }
@@ -337,6 +335,10 @@ impl Daemon {
             Hint::Control(id) => self.control_queued(&id),
             Hint::Rescan(why) => {
                 tracing::info!(reason = %why, "full rescan");
+                self.rescan();
+            }
+            Hint::WatchFailed(why) => {
+                self.watch.replace(&why);
                 self.rescan();
             }
             Hint::Signal(sig) => match sig {
@@ -363,7 +365,7 @@ impl Daemon {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
         }
-        if !self.watch.is_native() || self.spool_retry_at.is_some_and(|t| now >= t) {
+        if self.spool_retry_at.is_some_and(|t| now >= t) {
             self.spool_dirty = true;
         }
         if self.spool_dirty {
@@ -381,6 +383,9 @@ impl Daemon {
 
     fn rescan(&mut self) {
         self.spool_dirty = true;
+        if self.watch.spool_replaced() {
+            self.watch.replace("the spool directory was replaced");
+        }
         self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
         self.report.last_rescan_at = Some(crate::now_ms());
         // Control inboxes of queued runs may have changed unseen.
@@ -614,7 +619,11 @@ impl Daemon {
 
     fn write_report(&mut self, force: bool) {
         let mut r = self.report.clone();
-        r.watch = WatchInfo { strategy: self.watch.strategy.into(), backend: self.watch.backend.into(), reason: self.watch.reason.clone() };
+        r.watch = WatchInfo {
+            strategy: self.watch.strategy_name().into(),
+            backend: self.watch.choice.backend.into(),
+            reason: self.watch.choice.reason.clone(),
+        };
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
         let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
         r.storage = match degraded {

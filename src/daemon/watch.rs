@@ -1,10 +1,17 @@
 //! File events as hints (DESIGN principle 6): the watcher only says "look
 //! here"; the periodic rescan is the source of truth, so a lost event costs
 //! latency, never a request.
+//!
+//! The strategy is chosen at start by `choose()` (pure, unit-tested) from the
+//! platform, the filesystem under the root and the config; a native watcher
+//! that fails at run time is replaced (by polling if native fails again)
+//! without a restart.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
+use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
@@ -16,98 +23,280 @@ pub enum Hint {
     Spool,
     /// Something changed in a run's control inbox.
     Control(String),
-    /// The watcher lost events or failed: rescan everything.
+    /// Events may have been lost (queue overflow): rescan everything.
     Rescan(String),
+    /// The watcher itself failed: replace it, then rescan.
+    WatchFailed(String),
     /// A signal (SIGTERM, SIGINT, SIGHUP, SIGCHLD).
     Signal(i32),
 }
 
-pub struct Watch {
-    native: Option<notify::RecommendedWatcher>,
-    pub strategy: &'static str,
-    pub backend: &'static str,
-    pub reason: String,
-    controls: HashSet<String>,
-    layout: Layout,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Native,
+    Poll,
 }
 
-const NATIVE_BACKEND: &str = if cfg!(target_os = "linux") {
-    "inotify"
-} else if cfg!(target_os = "macos") {
-    "fsevents"
-} else {
-    "kqueue"
-};
+/// The outcome of the strategy choice, as shown in daemon.json.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub strategy: Strategy,
+    pub backend: &'static str,
+    pub reason: String,
+}
+
+/// The native backend of a platform (`std::env::consts::OS` names).
+pub fn native_backend(os: &str) -> &'static str {
+    match os {
+        "linux" | "android" => "inotify",
+        "macos" | "ios" => "fsevents",
+        "freebsd" | "openbsd" | "netbsd" | "dragonfly" => "kqueue",
+        _ => "native",
+    }
+}
+
+/// Filesystems whose changes made elsewhere (another host, a FUSE daemon
+/// writing to its backing store) produce no local file events.
+pub fn is_remote_fs(fs: &str) -> bool {
+    matches!(
+        fs,
+        "nfs" | "nfs4" | "smb" | "smbfs" | "smb2" | "cifs" | "fuse" | "fuseblk" | "9p" | "afs" | "ceph"
+            | "gfs2" | "ocfs2" | "glusterfs" | "lustre" | "coda" | "ncpfs" | "webdav" | "osxfuse" | "macfuse"
+            | "vboxsf" | "virtiofs"
+    ) || fs.starts_with("fuse.")
+}
+
+/// Choose the watch strategy. `fs` is the filesystem type name under the
+/// watched root (`None` if unknown); `config` is `watch.strategy`.
+pub fn choose(os: &str, fs: Option<&str>, config: &str) -> Choice {
+    let backend = native_backend(os);
+    let poll = |reason: String| Choice { strategy: Strategy::Poll, backend: "poll", reason };
+    match config {
+        "poll" => poll("watch.strategy = \"poll\" in the config".into()),
+        "native" => Choice { strategy: Strategy::Native, backend, reason: "watch.strategy = \"native\" in the config".into() },
+        _ => match fs {
+            Some(f) if is_remote_fs(f) => poll(format!(
+                "the root is on {f}, a network or FUSE filesystem whose changes made elsewhere raise no {backend} events"
+            )),
+            Some(f) => Choice { strategy: Strategy::Native, backend, reason: format!("{backend} on a local filesystem ({f})") },
+            None => Choice { strategy: Strategy::Native, backend, reason: format!("{backend} (filesystem type unknown)") },
+        },
+    }
+}
+
+/// The filesystem type name under `path` (statfs magic on Linux, the type
+/// name elsewhere).
+pub fn fs_type(path: &Path) -> Option<String> {
+    #[cfg(target_os = "linux")]
+    {
+        let s = nix::sys::statfs::statfs(path).ok()?;
+        let magic = s.filesystem_type().0 as u64;
+        Some(
+            match magic {
+                0x6969 => "nfs",
+                0x517B => "smb",
+                0xFE534D42 => "smb2",
+                0xFF534D42 => "cifs",
+                0x65735546 => "fuse",
+                0x01021997 => "9p",
+                0x5346414F | 0x6B414653 => "afs",
+                0x00C36400 => "ceph",
+                0x01161970 => "gfs2",
+                0x7461636f => "ocfs2",
+                0x0BD00BD0 => "lustre",
+                0x73757245 => "coda",
+                0x786F4256 => "vboxsf",
+                0x6a656a63 => "virtiofs",
+                0x01021994 => "tmpfs",
+                0xEF53 => "ext4",
+                0x58465342 => "xfs",
+                0x9123683E => "btrfs",
+                0x794C7630 => "overlayfs",
+                0x2FC12FC1 => "zfs",
+                0xF2F52010 => "f2fs",
+                _ => return Some(format!("0x{magic:x}")),
+            }
+            .to_string(),
+        )
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let s = nix::sys::statfs::statfs(path).ok()?;
+        Some(s.filesystem_type_name().to_string())
+    }
+}
+
+enum Backend {
+    Native(notify::RecommendedWatcher),
+    Poll(notify::PollWatcher),
+}
+
+impl Backend {
+    fn watcher(&mut self) -> &mut dyn Watcher {
+        match self {
+            Backend::Native(w) => w,
+            Backend::Poll(w) => w,
+        }
+    }
+}
+
+pub struct Watch {
+    backend: Backend,
+    pub choice: Choice,
+    /// Every directory we watch besides the spool, re-added on replacement.
+    dirs: BTreeSet<PathBuf>,
+    layout: Layout,
+    tx: Sender<Hint>,
+    poll_interval: Duration,
+    spool_identity: Option<(u64, u64)>,
+    native_failures: u32,
+}
 
 impl Watch {
-    /// Start native watching of the spool unless the config asks for polling
-    /// or the native backend fails; polling means the daemon loop rescans the
-    /// spool every `poll_interval_ms`.
-    pub fn start(layout: &Layout, tx: Sender<Hint>, strategy: &str) -> Result<Watch, String> {
-        let mut w = Watch {
-            native: None,
-            strategy: "poll",
-            backend: "poll",
-            reason: String::new(),
-            controls: HashSet::new(),
-            layout: layout.clone(),
+    pub fn start(layout: &Layout, tx: Sender<Hint>, config: &str, poll_interval: Duration) -> Result<Watch, String> {
+        let fs = fs_type(&layout.spool());
+        let choice = choose(std::env::consts::OS, fs.as_deref(), config);
+        let backend = match choice.strategy {
+            Strategy::Native => match native(layout, tx.clone()) {
+                Ok(b) => b,
+                Err(e) if config == "native" => {
+                    return Err(format!(
+                        "watch.strategy = \"native\" but {} could not start: {e}; raise the limits (sysctl fs.inotify.max_user_instances and fs.inotify.max_user_watches) or set watch.strategy = \"auto\"",
+                        choice.backend
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "native file events unavailable; polling instead");
+                    let b = poll(layout, tx.clone(), poll_interval).map_err(|e| format!("polling could not start either: {e}"))?;
+                    let choice = Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("{} failed to start: {}", choice.backend, describe(&e)) };
+                    return Ok(Watch::new(layout, tx, b, choice, poll_interval));
+                }
+            },
+            Strategy::Poll => poll(layout, tx.clone(), poll_interval).map_err(|e| format!("polling could not start: {e}"))?,
         };
-        if strategy == "poll" {
-            w.reason = "watch.strategy = \"poll\" in the config".into();
-            return Ok(w);
+        Ok(Watch::new(layout, tx, backend, choice, poll_interval))
+    }
+
+    fn new(layout: &Layout, tx: Sender<Hint>, backend: Backend, choice: Choice, poll_interval: Duration) -> Watch {
+        tracing::info!(strategy = ?choice.strategy, backend = choice.backend, reason = %choice.reason, "watching the spool");
+        Watch {
+            backend,
+            choice,
+            dirs: BTreeSet::new(),
+            layout: layout.clone(),
+            tx,
+            poll_interval,
+            spool_identity: identity(&layout.spool()),
+            native_failures: 0,
         }
-        match native(layout, tx) {
-            Ok(n) => {
-                w.native = Some(n);
-                w.strategy = "native";
-                w.backend = NATIVE_BACKEND;
-                w.reason = format!("{NATIVE_BACKEND} is available");
-            }
-            Err(e) if strategy == "native" => {
-                return Err(format!(
-                    "watch.strategy = \"native\" but {NATIVE_BACKEND} could not start: {e}; raise the limits (sysctl fs.inotify.max_user_watches / max_user_instances) or use strategy = \"auto\""
-                ))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "native file events unavailable; polling the spool");
-                w.reason = format!("{NATIVE_BACKEND} failed: {e}");
-            }
-        }
-        Ok(w)
     }
 
     pub fn is_native(&self) -> bool {
-        self.native.is_some()
+        matches!(self.backend, Backend::Native(_))
+    }
+
+    /// How often the loop must rescan by itself: the configured rescan
+    /// interval natively; polling is done by the PollWatcher.
+    pub fn strategy_name(&self) -> &'static str {
+        match self.choice.strategy {
+            Strategy::Native => "native",
+            Strategy::Poll => "poll",
+        }
+    }
+
+    /// Watch one more directory (non-recursively). Errors are logged: the
+    /// periodic rescan covers a directory we failed to watch.
+    pub fn add(&mut self, dir: &Path) {
+        if self.dirs.insert(dir.to_path_buf()) {
+            if let Err(e) = self.backend.watcher().watch(dir, RecursiveMode::NonRecursive) {
+                tracing::debug!(dir = %dir.display(), error = %e, "cannot watch a directory; the rescan covers it");
+            }
+        }
+    }
+
+    pub fn remove(&mut self, dir: &Path) {
+        if self.dirs.remove(dir) {
+            let _ = self.backend.watcher().unwatch(dir);
+        }
     }
 
     pub fn watch_control(&mut self, run_id: &str) {
-        if self.controls.contains(run_id) {
-            return;
-        }
-        if let Some(n) = self.native.as_mut() {
-            let dir = self.layout.run_dir(run_id).join("control");
-            if n.watch(&dir, RecursiveMode::NonRecursive).is_ok() {
-                self.controls.insert(run_id.to_string());
-            }
-        }
+        let d = self.layout.run_dir(run_id).join("control");
+        self.add(&d);
     }
 
     pub fn unwatch_control(&mut self, run_id: &str) {
-        if self.controls.remove(run_id) {
-            if let Some(n) = self.native.as_mut() {
-                let _ = n.unwatch(&self.layout.run_dir(run_id).join("control"));
+        let d = self.layout.run_dir(run_id).join("control");
+        self.remove(&d);
+    }
+
+    /// Has the spool directory been replaced (removed and created again)
+    /// since we started watching it? Then the watch is on a dead inode.
+    pub fn spool_replaced(&self) -> bool {
+        identity(&self.layout.spool()) != self.spool_identity
+    }
+
+    /// Replace the backend after a failure: native again (once), else poll.
+    pub fn replace(&mut self, why: &str) {
+        let _ = crate::store::fsutil::mkdir_private(&self.layout.spool());
+        let want_native = self.choice.strategy == Strategy::Native && self.native_failures < 1;
+        if self.is_native() {
+            self.native_failures += 1;
+        }
+        let (backend, choice) = if want_native {
+            match native(&self.layout, self.tx.clone()) {
+                Ok(b) => (Some(b), self.choice.clone()),
+                Err(e) => (None, Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("{} failed again: {}", self.choice.backend, describe(&e)) }),
             }
+        } else {
+            (None, Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("native watching failed: {why}") })
+        };
+        let backend = match backend {
+            Some(b) => b,
+            None => match poll(&self.layout, self.tx.clone(), self.poll_interval) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start polling; relying on the periodic rescan");
+                    return;
+                }
+            },
+        };
+        tracing::warn!(reason = why, backend = choice.backend, "replaced the file watcher");
+        self.backend = backend;
+        self.choice = choice;
+        self.spool_identity = identity(&self.layout.spool());
+        let dirs: Vec<PathBuf> = std::mem::take(&mut self.dirs).into_iter().collect();
+        for d in dirs {
+            self.add(&d);
         }
     }
 }
 
-fn native(layout: &Layout, tx: Sender<Hint>) -> notify::Result<notify::RecommendedWatcher> {
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn describe(e: &notify::Error) -> String {
+    match &e.kind {
+        notify::ErrorKind::MaxFilesWatch => "the inotify watch limit is reached (fs.inotify.max_user_watches)".into(),
+        notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::EMFILE) => {
+            "the inotify instance limit is reached (fs.inotify.max_user_instances) or no file descriptors are left".into()
+        }
+        notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
+            "the inotify watch limit is reached (fs.inotify.max_user_watches)".into()
+        }
+        notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOSYS) => "inotify is not supported by this kernel".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
     let spool = layout.spool();
     let runs = layout.runs();
-    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+    move |res: notify::Result<notify::Event>| match res {
         Ok(ev) => {
             if ev.need_rescan() {
-                let _ = tx.send(Hint::Rescan("the watcher lost events".into()));
+                let _ = tx.send(Hint::Rescan("the file-event queue overflowed".into()));
                 return;
             }
             for p in &ev.paths {
@@ -117,14 +306,28 @@ fn native(layout: &Layout, tx: Sender<Hint>) -> notify::Result<notify::Recommend
             }
         }
         Err(e) => {
-            let _ = tx.send(Hint::Rescan(format!("watcher error: {e}")));
+            let _ = tx.send(Hint::WatchFailed(describe(&e)));
         }
-    })?;
+    }
+}
+
+fn native(layout: &Layout, tx: Sender<Hint>) -> notify::Result<Backend> {
+    let mut w = notify::RecommendedWatcher::new(handler(layout, tx), notify::Config::default())?;
     w.watch(&layout.spool(), RecursiveMode::NonRecursive)?;
-    Ok(w)
+    Ok(Backend::Native(w))
+}
+
+fn poll(layout: &Layout, tx: Sender<Hint>, interval: Duration) -> notify::Result<Backend> {
+    let cfg = notify::Config::default().with_poll_interval(interval).with_compare_contents(false);
+    let mut w = notify::PollWatcher::new(handler(layout, tx), cfg)?;
+    w.watch(&layout.spool(), RecursiveMode::NonRecursive)?;
+    Ok(Backend::Poll(w))
 }
 
 fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
+    if p == spool {
+        return Some(Hint::Spool);
+    }
     let parent = p.parent()?;
     if parent == spool {
         // Dot names are temps: only their rename to a real name matters.
@@ -138,4 +341,45 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_per_platform() {
+        assert_eq!(choose("linux", Some("ext4"), "auto").backend, "inotify");
+        assert_eq!(choose("macos", Some("apfs"), "auto").backend, "fsevents");
+        assert_eq!(choose("freebsd", Some("ufs"), "auto").backend, "kqueue");
+        assert_eq!(choose("linux", None, "auto").strategy, Strategy::Native);
+    }
+
+    #[test]
+    fn network_and_fuse_poll() {
+        for fs in ["nfs", "cifs", "smb2", "fuse", "fuse.bindfs", "9p", "afs", "ceph", "macfuse"] {
+            let c = choose("linux", Some(fs), "auto");
+            assert_eq!(c.strategy, Strategy::Poll, "{fs}");
+            assert!(c.reason.contains(fs), "{}", c.reason);
+        }
+        assert_eq!(choose("linux", Some("tmpfs"), "auto").strategy, Strategy::Native);
+    }
+
+    #[test]
+    fn config_wins() {
+        assert_eq!(choose("linux", Some("ext4"), "poll").strategy, Strategy::Poll);
+        assert_eq!(choose("linux", Some("nfs"), "native").strategy, Strategy::Native);
+    }
+
+    #[test]
+    fn classify_paths() {
+        let spool = Path::new("/r/spool");
+        let runs = Path::new("/r/async-subagent-runs");
+        assert!(matches!(classify(spool, runs, Path::new("/r/spool/a.json")), Some(Hint::Spool)));
+        assert!(classify(spool, runs, Path::new("/r/spool/.tmp")).is_none());
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop.json")),
+            Some(Hint::Control(id)) if id == "x"
+        ));
+    }
 }
