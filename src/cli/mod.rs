@@ -1,6 +1,8 @@
 //! The `runspool` command line. Every command reads and writes the same
 //! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
 
+mod doctor;
+pub use doctor::inotify_usage;
 mod inspect;
 mod submit;
 
@@ -44,10 +46,10 @@ enum Cmd {
     Runner { run_dir: PathBuf },
     /// Publish a launch request; prints the run id
     Submit(submit::SubmitArgs),
-    /// Show one run
+    /// Show one run, or without a run the daemon's health
     Status {
         /// Run id, or a unique prefix of 8 or more characters
-        run: String,
+        run: Option<String>,
         /// Print status.json as it is on disk
         #[arg(long)]
         json: bool,
@@ -83,6 +85,15 @@ enum Cmd {
         /// Interrupt instead (SIGINT; the run ends `paused`)
         #[arg(long)]
         interrupt: bool,
+    },
+    /// Check the root, the daemon, watching, free space, the service and providers
+    Doctor {
+        /// Config file to check (default: $XDG_CONFIG_HOME/runspool/config.toml)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print the checks as JSON
+        #[arg(long)]
+        json: bool,
     },
     /// Print a run's step output
     Logs {
@@ -150,7 +161,9 @@ pub fn main() -> i32 {
             let layout = Layout::resolve(cli.root.as_deref(), None);
             let r = match cmd {
                 Cmd::Submit(a) => submit::submit(&layout, a),
-                Cmd::Status { run, json } => inspect::status(&layout, &run, json),
+                Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
+                Cmd::Status { run: None, json } => doctor::daemon_status(&layout, json),
+                Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
                 Cmd::List { active, recent, session, json } => inspect::list(&layout, active, recent, session.as_deref(), json),
                 Cmd::Wait { run, timeout } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None)),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),

@@ -167,7 +167,13 @@ impl Daemon {
             started_at: now,
             updated_at: now,
             runspool_version: env!("CARGO_PKG_VERSION").to_string(),
-            watch: WatchInfo { strategy: watch.strategy_name().into(), backend: watch.choice.backend.into(), reason: watch.choice.reason.clone() },
+            watch: WatchInfo {
+                strategy: watch.strategy_name().into(),
+                backend: watch.choice.backend.into(),
+                reason: watch.choice.reason.clone(),
+                fs_type: watch::fs_type(&layout.root),
+                inotify: crate::cli::inotify_usage(),
+            },
             storage: StorageInfo { state: "ok".into(), reason: None, since: None },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
@@ -619,11 +625,12 @@ impl Daemon {
 
     fn write_report(&mut self, force: bool) {
         let mut r = self.report.clone();
-        r.watch = WatchInfo {
-            strategy: self.watch.strategy_name().into(),
-            backend: self.watch.choice.backend.into(),
-            reason: self.watch.choice.reason.clone(),
-        };
+        if r.watch.backend != self.watch.choice.backend {
+            r.watch.inotify = crate::cli::inotify_usage();
+        }
+        r.watch.strategy = self.watch.strategy_name().into();
+        r.watch.backend = self.watch.choice.backend.into();
+        r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
         let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
         r.storage = match degraded {

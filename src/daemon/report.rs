@@ -25,6 +25,12 @@ pub struct WatchInfo {
     pub strategy: String,
     pub backend: String,
     pub reason: String,
+    /// The filesystem type under the root (runspool extension).
+    #[serde(default, rename = "fsType", skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    /// Inotify limits and this user's use at the last watcher (re)start (runspool extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

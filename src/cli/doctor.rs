@@ -1,0 +1,190 @@
+//! `runspool doctor` and `runspool status` without a run: the daemon's health.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::store::{fsutil, Layout};
+
+struct Check {
+    name: &'static str,
+    level: &'static str, // ok | warn | fail
+    detail: String,
+}
+
+fn check(name: &'static str, level: &'static str, detail: impl Into<String>) -> Check {
+    Check { name, level, detail: detail.into() }
+}
+
+fn read_json(p: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+}
+
+/// Inotify limits and this user's current use (instances and watches),
+/// counted from /proc like `inotify-info` does.
+pub fn inotify_usage() -> Option<Value> {
+    #[cfg(target_os = "linux")]
+    {
+        let lim = |n: &str| std::fs::read_to_string(format!("/proc/sys/fs/inotify/{n}")).ok()?.trim().parse::<u64>().ok();
+        let uid = nix::unistd::getuid().as_raw();
+        let (mut instances, mut watches) = (0u64, 0u64);
+        for p in std::fs::read_dir("/proc").ok()?.flatten() {
+            use std::os::unix::fs::MetadataExt;
+            if p.metadata().map(|m| m.uid() != uid).unwrap_or(true) {
+                continue;
+            }
+            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+            for fd in fds.flatten() {
+                if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
+                    instances += 1;
+                    let info = p.path().join("fdinfo").join(fd.file_name());
+                    watches += std::fs::read_to_string(info).map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64).unwrap_or(0);
+                }
+            }
+        }
+        Some(json!({
+            "maxUserInstances": lim("max_user_instances"), "maxUserWatches": lim("max_user_watches"),
+            "maxQueuedEvents": lim("max_queued_events"), "instances": instances, "watches": watches,
+        }))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::Result<i32> {
+    let mut checks = Vec::new();
+    // Root safety.
+    for p in [layout.root.clone(), layout.spool(), layout.runs()] {
+        match crate::daemon::check_dir_safety(&p) {
+            Ok(true) => checks.push(check("root", "ok", format!("{} is safe", p.display()))),
+            Ok(false) => checks.push(check("root", "warn", format!("{} does not exist yet; the daemon creates it", p.display()))),
+            Err(e) => checks.push(check("root", "fail", e.to_string())),
+        }
+    }
+    // Config.
+    let cfg = match crate::config::Config::load(config) {
+        Ok(c) => {
+            checks.push(check("config", "ok", "configuration is valid"));
+            Some(c)
+        }
+        Err(e) => {
+            checks.push(check("config", "fail", e));
+            None
+        }
+    };
+    // Daemon.
+    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
+    let dj = read_json(&layout.daemon_json());
+    match (&dj, alive) {
+        (Some(d), true) => {
+            checks.push(check("daemon", "ok", format!("running, pid {}", d["pid"])));
+            checks.push(check(
+                "watch",
+                "ok",
+                format!("{} ({}): {}", d["watch"]["strategy"].as_str().unwrap_or("?"), d["watch"]["backend"].as_str().unwrap_or("?"), d["watch"]["reason"].as_str().unwrap_or("")),
+            ));
+            let storage = d["storage"]["state"].as_str().unwrap_or("?");
+            let level = if storage == "ok" { "ok" } else { "warn" };
+            checks.push(check("storage", level, format!("{storage}{}", d["storage"]["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default())));
+        }
+        _ => checks.push(check("daemon", "warn", format!("no daemon holds {}; start it with `runspool daemon` or `systemctl --user start runspool`", layout.daemon_lock().display()))),
+    }
+    // Filesystem and space.
+    let fs = crate::daemon::watch::fs_type(if layout.root.exists() { &layout.root } else { Path::new("/") });
+    let choice = crate::daemon::watch::choose(std::env::consts::OS, fs.as_deref(), cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto"));
+    checks.push(check("filesystem", "ok", format!("{} is on {}; strategy would be {:?}: {}", layout.root.display(), fs.as_deref().unwrap_or("?"), choice.strategy, choice.reason)));
+    if let Some(u) = inotify_usage() {
+        let (inst, max_inst) = (u["instances"].as_u64().unwrap_or(0), u["maxUserInstances"].as_u64().unwrap_or(0));
+        let level = if max_inst > 0 && inst >= max_inst { "warn" } else { "ok" };
+        checks.push(check(
+            "inotify",
+            level,
+            format!(
+                "{inst}/{max_inst} instances, {}/{} watches in use by you (sysctl fs.inotify.max_user_instances / max_user_watches)",
+                u["watches"], u["maxUserWatches"]
+            ),
+        ));
+    }
+    if let Ok((bytes, inodes)) = crate::platform::free_space(if layout.root.exists() { &layout.root } else { Path::new("/") }) {
+        let min = cfg.as_ref().map(|c| c.storage.min_free_bytes).unwrap_or(16 << 20);
+        let level = if bytes < min || inodes == 0 { "warn" } else { "ok" };
+        checks.push(check("space", level, format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20)));
+    }
+    // Service integration (Linux user services).
+    if cfg!(target_os = "linux") {
+        let journal = Path::new("/run/systemd/journal/socket").exists();
+        checks.push(check("journald", if journal { "ok" } else { "warn" }, if journal { "journal socket reachable" } else { "no journal socket; logs go to stderr" }));
+        if let Some(home) = std::env::var_os("HOME") {
+            let unit = Path::new(&home).join(".config/systemd/user/runspool.service");
+            let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();
+            checks.push(match (unit.exists(), enabled) {
+                (true, true) => check("unit", "ok", format!("{} installed and enabled", unit.display())),
+                (true, false) => check("unit", "warn", format!("{} installed but not enabled: systemctl --user enable runspool", unit.display())),
+                _ => check("unit", "warn", "no user unit installed: see systemd/runspool.service"),
+            });
+        }
+        if let Some(user) = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten() {
+            let linger = Path::new("/var/lib/systemd/linger").join(&user.name).exists();
+            checks.push(check(
+                "linger",
+                if linger { "ok" } else { "warn" },
+                if linger { "lingering is on: the service survives logout".to_string() } else { format!("lingering is off: a user service stops at logout; enable it with `loginctl enable-linger {}`", user.name) },
+            ));
+        }
+    }
+    // Providers.
+    if let Some(c) = &cfg {
+        for (name, p) in &c.providers {
+            let exe = if p.kind == "slurm" { "sinfo".to_string() } else { p.command[0].clone() };
+            let found = find_executable(&exe);
+            checks.push(check(
+                "provider",
+                if found { "ok" } else { "fail" },
+                format!("{name} ({}): `{exe}` {}", p.kind, if found { "found" } else { "not found or not executable; install it or fix the path in the config" }),
+            ));
+        }
+    }
+    let failed = checks.iter().any(|c| c.level == "fail");
+    if as_json {
+        let v: Vec<Value> = checks.iter().map(|c| json!({"check": c.name, "level": c.level, "detail": c.detail})).collect();
+        println!("{}", serde_json::to_string_pretty(&json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": inotify_usage()}))?);
+    } else {
+        for c in &checks {
+            println!("{:<5} {:<11} {}", c.level, c.name, c.detail);
+        }
+    }
+    Ok(if failed { 1 } else { 0 })
+}
+
+pub fn find_executable(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if name.contains('/') {
+        return ok(Path::new(name));
+    }
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| ok(&d.join(name))))
+}
+
+/// `runspool status` with no run: the daemon's own status.
+pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
+    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
+    let dj = read_json(&layout.daemon_json());
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&json!({"alive": alive, "daemon": dj}))?);
+        return Ok(if alive { 0 } else { 3 });
+    }
+    match (alive, dj) {
+        (true, Some(d)) => {
+            println!("daemon    running (pid {}, version {})", d["pid"], d["runspoolVersion"].as_str().unwrap_or("?"));
+            println!("root      {}", layout.root.display());
+            println!("watch     {} ({}): {}", d["watch"]["strategy"].as_str().unwrap_or("?"), d["watch"]["backend"].as_str().unwrap_or("?"), d["watch"]["reason"].as_str().unwrap_or(""));
+            println!("storage   {}{}", d["storage"]["state"].as_str().unwrap_or("?"), d["storage"]["reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default());
+            println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
+            Ok(0)
+        }
+        _ => {
+            println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
+            Ok(3)
+        }
+    }
+}
