@@ -138,6 +138,7 @@ impl Config {
             if p.timeout_ms == 0 {
                 return Err(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
             }
+            crate::providers::validate(name, p)?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod daemon;
 pub mod platform;
 pub mod protocol;
+pub mod providers;
 pub mod runner;
 pub mod store;
 

@@ -95,6 +95,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// List the configured external-job providers and check each (command
+    /// executable, `sinfo` reachable for Slurm); exits 1 when a check fails
+    Providers {
+        /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Print a run's step output
     Logs {
         run: String,
@@ -141,6 +148,7 @@ pub fn main() -> i32 {
             init_logging("info");
             crate::runner::main(&run_dir)
         }
+        Cmd::Providers { config } => crate::providers::cli_main(config.as_deref()),
         Cmd::Daemon { config } => {
             let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             init_logging(&level);
@@ -168,7 +176,7 @@ pub fn main() -> i32 {
                 Cmd::Wait { run, timeout } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None)),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow } => inspect::logs(&layout, &run, step, follow),
-                Cmd::Daemon { .. } | Cmd::Runner { .. } => unreachable!(),
+                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } => unreachable!(),
             };
             match r {
                 Ok(code) => code,

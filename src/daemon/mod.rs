@@ -2,6 +2,7 @@
 //! state from disk) and one event loop that claims, schedules, supervises
 //! and reports. Everything it knows is on disk; a restart rebuilds the rest.
 
+pub mod bridge;
 pub mod report;
 pub mod retention;
 pub mod spool;
@@ -110,6 +111,7 @@ pub struct Daemon {
     tx: Sender<Hint>,
     rx: Receiver<Hint>,
     watch: Watch,
+    bridge: bridge::Bridge,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     running: HashMap<String, Slot>,
@@ -124,6 +126,8 @@ pub struct Daemon {
     stopping: bool,
     watchdog: Option<Duration>,
     last_watchdog: Instant,
+    /// When the previous daemon on this root started (0: unknown).
+    previous_start: i64,
 }
 
 pub struct Options {
@@ -178,7 +182,13 @@ impl Daemon {
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
         };
+        let previous_start = std::fs::read(layout.daemon_json())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
+            .map(|d| d.started_at)
+            .unwrap_or(0);
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
+        let bridge = bridge::Bridge::new(&cfg, tx.clone());
         let mut d = Daemon {
             next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
             layout,
@@ -190,6 +200,7 @@ impl Daemon {
             tx,
             rx,
             watch,
+            bridge,
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             running: HashMap::new(),
@@ -201,6 +212,7 @@ impl Daemon {
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
             stopping: false,
+            previous_start,
             watchdog: report::watchdog_interval(),
             last_watchdog: Instant::now(),
         };
@@ -224,6 +236,7 @@ impl Daemon {
     fn recover(&mut self) {
         let ctx = Ctx(&self.cfg);
         spool::recover_rejected(&self.layout, &ctx);
+        self.sweep_temps();
         let Ok(rd) = std::fs::read_dir(self.layout.runs()) else { return };
         let mut queued: Vec<Status> = Vec::new();
         for e in rd.flatten() {
@@ -232,6 +245,10 @@ impl Daemon {
                 continue;
             }
             let dir = e.path();
+            // Only a directory changed since the previous daemon started can hold a fresh temp.
+            if e.metadata().is_ok_and(|m| m.mtime() * 1000 >= self.previous_start - 60_000) {
+                fsutil::sweep_temps(&dir);
+            }
             if spool::is_half_claimed(&dir) {
                 match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
                     .map_err(|e| e.to_string())
@@ -283,6 +300,22 @@ impl Daemon {
         self.check_running();
     }
 
+    /// Temps left by writers killed mid-write, in the shared directories.
+    fn sweep_temps(&self) {
+        let l = &self.layout;
+        // Not the spool: its dot files belong to clients.
+        let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir()];
+        for parent in [l.terminal(), l.results().join("result-pending"), l.results().join("result-index/sessions")] {
+            if let Ok(rd) = std::fs::read_dir(&parent) {
+                dirs.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+        let n: usize = dirs.iter().map(|d| fsutil::sweep_temps(d)).sum();
+        if n > 0 {
+            tracing::info!(removed = n, "removed temp files left by an interrupted writer");
+        }
+    }
+
     fn enqueue(&mut self, s: &Status) {
         if self.queued.insert(s.run_id.clone()) {
             self.seq += 1;
@@ -329,7 +362,7 @@ impl Daemon {
         if let Some(w) = self.watchdog {
             t = t.min(self.last_watchdog + w);
         }
-        if self.spool_dirty {
+        if self.spool_dirty || self.bridge.wants_turn() {
             t = Instant::now();
         }
         t
@@ -347,6 +380,8 @@ impl Daemon {
                 self.watch.replace(&why);
                 self.rescan();
             }
+            Hint::Bridge(run_id) => self.bridge.hint(run_id),
+            Hint::BridgeDone { run_id, id, retry } => self.bridge.done(run_id, id, retry),
             Hint::Signal(sig) => match sig {
                 libc::SIGTERM | libc::SIGINT => {
                     tracing::info!("stopping on signal {}; runs keep running", crate::platform::signal_name(sig));
@@ -379,6 +414,7 @@ impl Daemon {
         }
         self.check_running();
         self.schedule();
+        self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
         if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
@@ -616,6 +652,7 @@ impl Daemon {
                         max_running = new.max_running, retention_days = new.retention_days,
                         providers = new.providers.len(), "configuration reloaded"
                     );
+                    self.bridge.set_providers(&new);
                     self.cfg = new;
                 }
             }

@@ -130,8 +130,9 @@ impl Claimer<'_> {
                 return Outcome::Later;
             }
         };
+        let seen = Some((md.dev(), md.ino()));
         if let Err(r) = check_entry(&path, &md) {
-            return self.reject(&path, name, r, None);
+            return self.reject_seen(&path, name, r, None, seen);
         }
         // Step 2: open without following, without blocking, and check it is the same file.
         let file = match OpenOptions::new()
@@ -159,7 +160,7 @@ impl Claimer<'_> {
         // Re-check after the lock: an in-place writer may have grown it or changed its mode.
         let Ok(fmd) = file.metadata() else { return Outcome::Later };
         if let Err(r) = check_entry(&path, &fmd) {
-            return self.reject(&path, name, r, None);
+            return self.reject_seen(&path, name, r, None, seen);
         }
         // Step 4: read (bounded) and parse.
         let mut raw = Vec::with_capacity(fmd.len() as usize);
@@ -171,7 +172,7 @@ impl Claimer<'_> {
         }
         if raw.len() as u64 > MAX_REQUEST_BYTES {
             let r = Rejection::new("too-large", format!("{} grew past {MAX_REQUEST_BYTES} bytes", path.display()));
-            return self.reject(&path, name, r, None);
+            return self.reject_seen(&path, name, r, None, seen);
         }
         let value = match request::parse(&raw) {
             Ok(v) => v,
@@ -180,7 +181,7 @@ impl Claimer<'_> {
                 if age < WRITE_GRACE_MS {
                     return Outcome::Later;
                 }
-                return self.reject(&path, name, r, None);
+                return self.reject_seen(&path, name, r, None, seen);
             }
         };
         // Step 5: validate.
@@ -188,19 +189,30 @@ impl Claimer<'_> {
             Ok(r) => r,
             Err(r) => {
                 let run_id = value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).map(str::to_string);
-                return self.reject(&path, name, r, run_id.map(|id| (id, value.clone())));
+                return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
             }
         };
         self.claim(&path, name, file, req)
     }
 
     /// Steps 6 to 8.
-    fn claim(&mut self, path: &Path, name: &str, _lock: File, req: Request) -> Outcome {
+    fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request) -> Outcome {
+        let Ok(held) = lock.metadata() else { return Outcome::Later };
         let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let dir = self.layout.run_dir(&run_id);
         let created = match std::fs::DirBuilder::new().mode_private().create(&dir) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Only a real directory can be the trace of an interrupted claim: a
+                // symlink there could redirect the request out of the root.
+                let real_dir = std::fs::symlink_metadata(&dir).map(|m| m.file_type().is_dir()).unwrap_or(false);
+                if !real_dir {
+                    let r = Rejection::new(
+                        "duplicate-run-id",
+                        format!("run id `{run_id}` is taken by {}, which is not a run directory; choose another runId or omit it", dir.display()),
+                    );
+                    return self.reject(path, name, r, None);
+                }
                 if RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists() {
                     let r = Rejection::new(
                         "duplicate-run-id",
@@ -233,6 +245,20 @@ impl Claimer<'_> {
             let e = undo(e);
             return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
         }
+        // The name may have been replaced between our read and the rename: the
+        // run must own the bytes that were validated, nothing else.
+        if !same_file(&RunPaths::request(&dir), &held) {
+            tracing::warn!(request = name, run_id = %run_id, "request replaced while being claimed; it gets a fresh look");
+            if let Err(e) = republish(&RunPaths::request(&dir), &self.layout.spool(), name) {
+                tracing::error!(request = name, error = %e, "cannot put a replaced request back into the spool");
+                return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
+            }
+            if created {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Outcome::Later;
+        }
+        drop(lock);
         let _ = fsync_dir(&dir);
         let _ = fsync_dir(&self.layout.spool());
         tracing::info!(run_id = %run_id, request = name, priority = req.priority, "claimed");
@@ -249,8 +275,15 @@ impl Claimer<'_> {
     /// Move an entry to rejected/ with its error file (and a rejected run
     /// when the body carried a valid, unused run id).
     fn reject(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>) -> Outcome {
-        match reject_entry(self.w, self.layout, path, name, &r, run) {
-            Ok(()) => Outcome::Rejected,
+        self.reject_seen(path, name, r, run, None)
+    }
+
+    /// `reject` of the file identified by `seen` (device, inode): if the name
+    /// was replaced meanwhile, the newcomer goes back to the spool instead.
+    fn reject_seen(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>, seen: Option<(u64, u64)>) -> Outcome {
+        match reject_entry_seen(self.w, self.layout, path, name, &r, run, seen) {
+            Ok(true) => Outcome::Rejected,
+            Ok(false) => Outcome::Later,
             Err(e) if is_capacity(&e) => Outcome::Capacity(e),
             Err(e) => {
                 tracing::error!(request = name, error = %e, "cannot move a rejected request; will retry");
@@ -316,6 +349,53 @@ pub fn reject_entry(
     r: &Rejection,
     run: Option<(String, Value)>,
 ) -> io::Result<()> {
+    reject_entry_seen(w, l, path, name, r, run, None).map(|_| ())
+}
+
+/// Does `path` (not followed) name the same file as `md`?
+fn same_file(path: &Path, md: &std::fs::Metadata) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == md.dev() && m.ino() == md.ino())
+}
+
+/// Put an entry that was replaced under us back into the spool, under its
+/// own name if free, else under a fresh valid name: never lose it, never
+/// reject it for another file's reason.
+fn republish(from: &Path, spool: &Path, name: &str) -> io::Result<()> {
+    let stem = name.strip_suffix(".json").unwrap_or(name);
+    let mut candidates = vec![name.to_string()];
+    candidates.extend((1..=8).map(|n| format!("{stem}-{n}")).filter(|s| is_id(s, 200)).map(|s| s + ".json"));
+    candidates.push(format!("r{}.json", uuid::Uuid::new_v4().simple()));
+    let mut last = io::Error::other("no free name in the spool");
+    for c in candidates {
+        match rename_noreplace(from, &spool.join(&c)) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+/// Ok(false): the entry at `path` was not the one `seen` described (replaced
+/// between the check and the move) and was put back for a fresh look.
+#[allow(clippy::too_many_arguments)]
+fn reject_entry_seen(
+    w: &mut Writer,
+    l: &Layout,
+    path: &Path,
+    name: &str,
+    r: &Rejection,
+    run: Option<(String, Value)>,
+    seen: Option<(u64, u64)>,
+) -> io::Result<bool> {
+    // rejected/ must be a real directory of ours, or the move could leave the root.
+    let rd = std::fs::symlink_metadata(l.rejected())?;
+    if !rd.file_type().is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a real directory (a symlink?); replace it with one (mkdir -m 700)",
+            l.rejected().display()
+        )));
+    }
     let mut n = 0;
     let (entry, err) = loop {
         let (entry, err) = rejected_names(l, name, n);
@@ -328,16 +408,25 @@ pub fn reject_entry(
         }
         n += 1;
     };
+    if let Some((dev, ino)) = seen {
+        let now = std::fs::symlink_metadata(&entry)?;
+        if now.dev() != dev || now.ino() != ino {
+            tracing::warn!(request = name, "spool entry replaced while being rejected; it gets a fresh look");
+            republish(&entry, &l.spool(), name)?;
+            return Ok(false);
+        }
+    }
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     write_error_file(&err, &file, r)?;
     let _ = fsync_dir(&l.spool());
     tracing::warn!(request = name, code = r.code, "rejected: {}", r.message);
     if let Some((run_id, body)) = run {
-        if !l.run_dir(&run_id).exists() {
+        // Not `exists()`: a dangling symlink there must not be written through.
+        if std::fs::symlink_metadata(l.run_dir(&run_id)).is_err() {
             rejected_run(w, l, &run_id, &body, r)?;
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 fn write_error_file(err: &Path, file: &str, r: &Rejection) -> io::Result<()> {

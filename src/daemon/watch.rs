@@ -29,6 +29,10 @@ pub enum Hint {
     WatchFailed(String),
     /// A signal (SIGTERM, SIGINT, SIGHUP, SIGCHLD).
     Signal(i32),
+    /// A request file appeared in a run's `external-job-requests/`.
+    Bridge(String),
+    /// A bridge worker finished request `id` of `run_id` (`retry`: a recovery lookup failed).
+    BridgeDone { run_id: String, id: String, retry: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,6 +337,14 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         // Dot names are temps: only their rename to a real name matters.
         let name = p.file_name()?.to_string_lossy();
         return (!name.starts_with('.')).then_some(Hint::Spool);
+    }
+    if parent.file_name()? == "external-job-requests" {
+        let run_dir = parent.parent()?;
+        let name = p.file_name()?.to_string_lossy();
+        if run_dir.parent()? == runs && !name.starts_with('.') && name.ends_with(".json") {
+            return Some(Hint::Bridge(run_dir.file_name()?.to_string_lossy().into_owned()));
+        }
+        return None;
     }
     if parent.file_name()? == "control" {
         let run_dir: PathBuf = parent.parent()?.to_path_buf();

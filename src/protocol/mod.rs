@@ -1,5 +1,6 @@
 //! Serde types and validation of the on-disk protocol. Pure: no I/O.
 
+pub mod bridge;
 pub mod request;
 pub mod seg;
 pub mod status;

@@ -235,6 +235,11 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
     if let Some(path) = find_nul(value, "") {
         return Err(Rejection::new("invalid-field", format!("field `{path}` contains a NUL character; remove it")));
     }
+    // serde keeps the last of duplicate keys inside `steps` and `options`
+    // (they pass through `Value`), so duplicates are refused everywhere first.
+    if let Some(path) = find_duplicate_key(raw) {
+        return Err(Rejection::new("invalid-field", format!("field `{path}` appears twice; give each key once")));
+    }
     let de = &mut serde_json::Deserializer::from_slice(raw);
     let req: Request = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -248,6 +253,69 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
     })?;
     check(&req, ctx)?;
     Ok(req)
+}
+
+/// The path of the first key that repeats within one JSON object, if any.
+/// Walks the raw bytes with serde_json's own (depth-limited) parser.
+pub fn find_duplicate_key(raw: &[u8]) -> Option<String> {
+    struct Walk<'p>(&'p str);
+    impl<'de> de::DeserializeSeed<'de> for Walk<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> de::Visitor<'de> for Walk<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+            let mut i = 0usize;
+            while a.next_element_seed(Walk(&format!("{}[{i}]", self.0)))?.is_some() {
+                i += 1;
+            }
+            Ok(())
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(k) = m.next_key::<String>()? {
+                let path = if self.0.is_empty() { k.clone() } else { format!("{}.{k}", self.0) };
+                if !seen.insert(k) {
+                    return Err(de::Error::custom(DUP_MARK.to_string() + &path));
+                }
+                m.next_value_seed(Walk(&path))?;
+            }
+            Ok(())
+        }
+    }
+    const DUP_MARK: &str = "duplicate key at ";
+    let mut d = serde_json::Deserializer::from_slice(raw);
+    match de::DeserializeSeed::deserialize(Walk(""), &mut d) {
+        Err(e) => {
+            let msg = strip_position(&e.to_string());
+            msg.strip_prefix(DUP_MARK).map(|p| p.escape_debug().to_string())
+        }
+        Ok(()) => None,
+    }
 }
 
 fn strip_position(s: &str) -> String {
@@ -462,6 +530,11 @@ mod tests {
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":"a"}]}"#), "invalid-field");
         let steps: Vec<String> = (0..257).map(|_| r#"{"command":["a"]}"#.to_string()).collect();
         assert_eq!(code(&format!(r#"{{"version":1,"cwd":"/","steps":[{}]}}"#, steps.join(","))), "invalid-field");
+        // Duplicates are refused at every depth, not only where serde would notice.
+        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"command":["b"]}]}"#), "invalid-field");
+        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"env":{"X":"1","X":"2"}}]}"#), "invalid-field");
+        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]}],"parallel":[]}]}"#), "invalid-field");
+        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"slurm","prompt":"x","options":{"a":1,"a":2}}}]}"#), "invalid-field");
         let deep = format!("{}{}", "[".repeat(10000), "]".repeat(10000));
         assert_eq!(code(&deep), "invalid-json");
     }
@@ -470,6 +543,8 @@ mod tests {
     fn messages_name_the_field() {
         let e = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"timeoutMs":"x"}]}"#).unwrap_err();
         assert!(e.message.contains("steps[0]") && e.message.contains("timeoutMs"), "{}", e.message);
+        let e = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"env":{"X":"1","X":"2"}}]}"#).unwrap_err();
+        assert!(e.message.contains("steps[0].env.X"), "{}", e.message);
         let e = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"]}],"sesionId":"x"}"#).unwrap_err();
         assert!(e.message.contains("sesionId"), "{}", e.message);
     }

@@ -2,6 +2,8 @@
 //! runs the steps in their own process groups, enforces timeouts, obeys the
 //! control inbox, and records every outcome in status.json.
 
+mod external;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -35,6 +37,7 @@ enum Halt {
 
 enum Msg {
     Exited(usize, std::io::Result<ExitStatus>),
+    External(usize, external::Event),
     Control,
 }
 
@@ -45,6 +48,8 @@ struct Running {
     /// Pending escalation: the next signal and when to send it.
     escalate: Option<(Instant, Signal)>,
     timed_out: bool,
+    /// Set for an external-job step (pid 0): signals become cancel or detach.
+    external: Option<external::Control>,
 }
 
 pub struct Runner {
@@ -131,6 +136,12 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     r.watch_control();
     r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
     r.execute();
+    // Perf: drop the inotify watch before the terminal writes; closing an inotify fd that still
+    // has a watch waits for an RCU grace period (~10 ms) at exit, delaying the daemon's reaping.
+    if let Some(w) = r._watcher.as_mut() {
+        use notify::Watcher;
+        let _ = w.unwatch(&RunPaths::control(&r.dir));
+    }
     r.finish();
     Ok(0)
 }
@@ -289,6 +300,7 @@ impl Runner {
                         self.record_exit(i, r, res);
                     }
                 }
+                Ok(Msg::External(i, ev)) => self.on_external(i, ev, &mut running),
                 Ok(Msg::Control) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => unreachable!("the runner holds a sender"),
             }
@@ -305,7 +317,7 @@ impl Runner {
                     _ => (Signal::SIGTERM, Duration::from_secs(3), Signal::SIGKILL),
                 };
                 for r in running.values_mut() {
-                    signal_group(r.pid, first.0);
+                    r.signal(first.0);
                     r.escalate = Some((now + first.1, first.2));
                 }
             }
@@ -313,12 +325,12 @@ impl Runner {
                 if r.deadline.is_some_and(|d| now >= d) && !r.timed_out {
                     r.timed_out = true;
                     r.deadline = None;
-                    signal_group(r.pid, Signal::SIGTERM);
+                    r.signal(Signal::SIGTERM);
                     r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
                 }
                 if let Some((t, sig)) = r.escalate {
                     if now >= t {
-                        signal_group(r.pid, sig);
+                        r.signal(sig);
                         // After SIGTERM (interrupt ladder) comes SIGKILL; after SIGKILL, nothing.
                         r.escalate = (sig == Signal::SIGTERM).then(|| (now + Duration::from_secs(3), Signal::SIGKILL));
                     }
@@ -342,10 +354,7 @@ impl Runner {
         let started = Instant::now();
         let result = match (&step.command, &step.external_job) {
             (Some(argv), _) => self.start_command(i, step, argv, &out_path),
-            (None, Some(j)) => Err(format!(
-                "external-job steps (provider `{}`) need the external-job bridge, which this runspool version does not service yet",
-                j.provider
-            )),
+            (None, Some(j)) => return self.spawn_external(i, step, j, started),
             (None, None) => Err("the step has no command".to_string()),
         };
         match result {
@@ -354,7 +363,7 @@ impl Runner {
                 self.save();
                 self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
                 let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
-                Some(Running { pid, started, deadline, escalate: None, timed_out: false })
+                Some(Running { pid, started, deadline, escalate: None, timed_out: false, external: None })
             }
             Err(msg) => {
                 self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));

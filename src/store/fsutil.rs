@@ -115,6 +115,31 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()
     result
 }
 
+/// Remove temp files (`.<base>.<pid>.<ms>.<hex>.tmp`) left in `dir` by a
+/// writer that was killed mid-write. Temps of live processes other than us
+/// are left alone: a runner may be writing right now.
+pub fn sweep_temps(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
+    let me = std::process::id();
+    let mut removed = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with('.') || !name.ends_with(".tmp") {
+            continue;
+        }
+        let parts: Vec<&str> = name.rsplitn(5, '.').collect(); // tmp, hex, ms, pid, rest
+        let Some(pid) = parts.get(3).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != me && crate::platform::pid_alive(pid) {
+            continue;
+        }
+        if std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Open (creating 0600) a lock file without following symlinks and take an
 /// exclusive flock. `Ok(None)` when `nonblocking` and someone else holds it.
 pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {

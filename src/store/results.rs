@@ -85,10 +85,12 @@ pub fn finish_terminal(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()>
     let (l, s) = (l.clone(), s.clone());
     w.then(
         format!("finish {}", s.run_id),
+        // The terminal marker goes last: its presence is how a restart knows
+        // the result was published (ensure_published).
         Box::new(move || {
-            index::mark_terminal(&l, &s)?;
+            publish_result(&l, &s)?;
             index::unmark_active(&l, &s.run_id, s.tool_call_id.as_deref())?;
-            publish_result(&l, &s)
+            index::mark_terminal(&l, &s)
         }),
     )
 }

@@ -1,0 +1,408 @@
+//! External-job bridge files (PROTOCOL §8): requests, responses, start
+//! claims and provider handles, with the limits of §8.2. Pure: no I/O.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::seg::sha256_hex;
+
+/// Largest request file read (a prompt may be long; the spool's 1 MiB is for launch requests).
+pub const MAX_REQUEST_BYTES: u64 = 4 * 1024 * 1024;
+pub const MAX_ID: usize = 256;
+pub const MAX_URL: usize = 4096;
+pub const MAX_CODE: usize = 128;
+pub const MAX_MESSAGE: usize = 4096;
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+/// Request ids are file names: `[A-Za-z0-9][A-Za-z0-9._-]{0,199}`.
+pub const MAX_REQUEST_ID: usize = 200;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    Start,
+    Status,
+    Result,
+    Reattach,
+    Cancel,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Start => "start",
+            Operation::Status => "status",
+            Operation::Result => "result",
+            Operation::Reattach => "reattach",
+            Operation::Cancel => "cancel",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Stopped,
+    Blocked,
+}
+
+impl JobState {
+    /// Completed, failed and stopped jobs never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed | JobState::Stopped)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Stopped => "stopped",
+            JobState::Blocked => "blocked",
+        }
+    }
+}
+
+/// The `start` object of a start request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartInput {
+    pub prompt: String,
+    pub prompt_digest: String,
+    pub cwd: String,
+    pub run_id: String,
+    pub step_index: usize,
+    pub agent: String,
+    #[serde(default)]
+    pub options: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+/// `<runDir>/external-job-requests/<id>.json`. Unknown fields are ignored so
+/// other writers (pi-subagents) may add their own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub id: String,
+    pub operation: Operation,
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_job_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartInput>,
+    pub created_at: i64,
+    /// Only in the copy kept in a start claim (`<id>.claim/request.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_at: Option<i64>,
+}
+
+/// A provider's handle, or for `result` a handle plus `output`/`artifactPath`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Handle {
+    pub provider_job_id: String,
+    pub state: JobState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_job_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_path: Option<String>,
+}
+
+impl Handle {
+    pub fn new(provider_job_id: impl Into<String>, state: JobState) -> Handle {
+        Handle {
+            provider_job_id: provider_job_id.into(),
+            state,
+            handle_url: None,
+            conversation_url: None,
+            failure_code: None,
+            failure_message: None,
+            blocking_job_id: None,
+            output: None,
+            artifact_path: None,
+        }
+    }
+}
+
+/// What a command provider may print on stdout when it exits non-zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Failure {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_job_id: Option<String>,
+}
+
+/// `<runDir>/external-job-responses/<id>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Response {
+    pub id: String,
+    pub ok: bool,
+    pub operation: String,
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Handle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_job_id: Option<String>,
+    pub completed_at: i64,
+}
+
+impl Response {
+    pub fn ok(id: &str, op: &str, provider: &str, h: Handle, now: i64) -> Response {
+        Response {
+            id: id.into(),
+            ok: true,
+            operation: op.into(),
+            provider: provider.into(),
+            result: Some(h),
+            code: None,
+            message: None,
+            blocking_job_id: None,
+            completed_at: now,
+        }
+    }
+    pub fn err(id: &str, op: &str, provider: &str, f: Failure, now: i64) -> Response {
+        Response {
+            id: id.into(),
+            ok: false,
+            operation: op.into(),
+            provider: provider.into(),
+            result: None,
+            code: Some(f.code),
+            message: Some(f.message),
+            blocking_job_id: f.blocking_job_id,
+            completed_at: now,
+        }
+    }
+}
+
+/// `<id>.claim/owner.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimOwner {
+    pub version: u32,
+    pub pid: u32,
+    pub hostname: String,
+    pub claimed_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_start_identity: Option<String>,
+}
+
+/// `<id>.claim/completed.json`: the tombstone that keeps a start from being dispatched twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Completed {
+    pub completed_at: i64,
+}
+
+pub fn digest(prompt: &str) -> String {
+    sha256_hex(prompt.as_bytes())
+}
+
+/// §8.2 string rule: non-empty, no NUL, no leading or trailing white space, at most `max` characters.
+pub fn check_str(field: &str, v: &str, max: usize) -> Result<(), String> {
+    if v.is_empty() {
+        return Err(format!("`{field}` is empty; give a non-empty string or leave the field out"));
+    }
+    if v.contains('\0') {
+        return Err(format!("`{field}` contains a NUL character; remove it"));
+    }
+    if v.trim() != v {
+        return Err(format!("`{field}` has leading or trailing white space; trim it"));
+    }
+    let n = v.chars().count();
+    if n > max {
+        return Err(format!("`{field}` is {n} characters; the limit is {max}"));
+    }
+    Ok(())
+}
+
+fn check_opt(field: &str, v: &Option<String>, max: usize) -> Result<(), String> {
+    v.as_deref().map_or(Ok(()), |s| check_str(field, s, max))
+}
+
+/// Validate a handle for `op`: the limits of §8.2; `output` and
+/// `artifactPath` only in answers to `result`.
+pub fn validate_handle(h: &Handle, op: Operation) -> Result<(), String> {
+    check_str("providerJobId", &h.provider_job_id, MAX_ID)?;
+    check_opt("handleUrl", &h.handle_url, MAX_URL)?;
+    check_opt("conversationUrl", &h.conversation_url, MAX_URL)?;
+    check_opt("failureCode", &h.failure_code, MAX_CODE)?;
+    check_opt("failureMessage", &h.failure_message, MAX_MESSAGE)?;
+    check_opt("blockingJobId", &h.blocking_job_id, MAX_ID)?;
+    check_opt("artifactPath", &h.artifact_path, MAX_URL)?;
+    if let Some(o) = &h.output {
+        if o.len() > MAX_OUTPUT {
+            return Err(format!("`output` is {} bytes; the limit is {MAX_OUTPUT} (1 MiB): return an artifactPath instead", o.len()));
+        }
+        if o.contains('\0') {
+            return Err("`output` contains a NUL character; remove it".into());
+        }
+    }
+    if op != Operation::Result && (h.output.is_some() || h.artifact_path.is_some()) {
+        return Err(format!("`output`/`artifactPath` belong only in the answer to `result`, not `{}`", op.as_str()));
+    }
+    if let Some(p) = &h.artifact_path {
+        if !p.starts_with('/') {
+            return Err(format!("`artifactPath` is `{p}`; it must be an absolute path"));
+        }
+    }
+    Ok(())
+}
+
+/// Parse and validate a handle printed by a provider (unknown fields refused).
+pub fn parse_handle(bytes: &[u8], op: Operation) -> Result<Handle, String> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let h: Handle = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = strip_position(&e.into_inner().to_string());
+        if path == "." || path.is_empty() {
+            inner
+        } else {
+            format!("`{path}`: {inner}")
+        }
+    })?;
+    validate_handle(&h, op)?;
+    Ok(h)
+}
+
+/// Parse and validate a provider's failure object.
+pub fn parse_failure(bytes: &[u8]) -> Result<Failure, String> {
+    let f: Failure = serde_json::from_slice(bytes).map_err(|e| strip_position(&e.to_string()))?;
+    check_str("code", &f.code, MAX_CODE)?;
+    check_str("message", &f.message, MAX_MESSAGE)?;
+    check_opt("blockingJobId", &f.blocking_job_id, MAX_ID)?;
+    Ok(f)
+}
+
+fn strip_position(s: &str) -> String {
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s.to_string(),
+    }
+}
+
+/// Parse and validate a request file named `<stem>.json` in the run `run_id`.
+pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, String> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let r: Request = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = strip_position(&e.into_inner().to_string());
+        if path == "." || path.is_empty() {
+            format!("{inner}; see PROTOCOL §8.1 for the request fields")
+        } else {
+            format!("field `{path}`: {inner}")
+        }
+    })?;
+    if r.id != stem {
+        return Err(format!("field `id` is `{}` but the file is named `{stem}.json`; they must match", r.id.escape_debug()));
+    }
+    check_str("provider", &r.provider, MAX_ID)?;
+    match r.operation {
+        Operation::Start => {
+            let Some(s) = &r.start else {
+                return Err("operation `start` needs a `start` object (PROTOCOL §8.1)".into());
+            };
+            if s.prompt.contains('\0') {
+                return Err("field `start.prompt` contains a NUL character; remove it".into());
+            }
+            if s.prompt_digest != digest(&s.prompt) {
+                return Err(format!(
+                    "field `start.promptDigest` is `{}` but the SHA-256 of `start.prompt` is `{}`; write the digest of the prompt as sent",
+                    s.prompt_digest.escape_debug(),
+                    digest(&s.prompt)
+                ));
+            }
+            if !s.cwd.starts_with('/') {
+                return Err(format!("field `start.cwd` is `{}`; it must be an absolute path", s.cwd.escape_debug()));
+            }
+            if s.run_id != run_id {
+                return Err(format!(
+                    "field `start.runId` is `{}` but the request lives in run `{run_id}`; a run may only start its own jobs",
+                    s.run_id.escape_debug()
+                ));
+            }
+            check_str("start.agent", &s.agent, 256)?;
+        }
+        op => match &r.provider_job_id {
+            Some(id) => check_str("providerJobId", id, MAX_ID)?,
+            None => return Err(format!("operation `{}` needs `providerJobId`", op.as_str())),
+        },
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start_req(prompt: &str, digest_of: &str) -> String {
+        serde_json::json!({
+            "id": "r1", "operation": "start", "provider": "slurm", "createdAt": 1,
+            "start": {"prompt": prompt, "promptDigest": digest(digest_of), "cwd": "/", "runId": "run",
+                      "stepIndex": 0, "agent": "a", "options": {}}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn requests_validate() {
+        assert!(parse_request(start_req("echo", "echo").as_bytes(), "r1", "run").is_ok());
+        let e = parse_request(start_req("echo", "other").as_bytes(), "r1", "run").unwrap_err();
+        assert!(e.contains("promptDigest"), "{e}");
+        let e = parse_request(start_req("echo", "echo").as_bytes(), "r2", "run").unwrap_err();
+        assert!(e.contains("r2.json"), "{e}");
+        let e = parse_request(start_req("echo", "echo").as_bytes(), "r1", "other").unwrap_err();
+        assert!(e.contains("start.runId"), "{e}");
+        let s = r#"{"id":"x","operation":"status","provider":"p","createdAt":1}"#;
+        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().contains("providerJobId"));
+        let s = r#"{"id":"x","operation":"explode","provider":"p","createdAt":1}"#;
+        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().contains("operation"));
+        let s = r#"{"id":"x","operation":"status","provider":"p","providerJobId":"7","createdAt":1,"extra":true}"#;
+        assert!(parse_request(s.as_bytes(), "x", "run").is_ok());
+    }
+
+    #[test]
+    fn handles_validate() {
+        assert!(parse_handle(br#"{"providerJobId":"1","state":"queued"}"#, Operation::Start).is_ok());
+        let e = parse_handle(br#"{"providerJobId":"1","state":"queued","bogus":1}"#, Operation::Start).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        let e = parse_handle(br#"{"providerJobId":" 1","state":"queued"}"#, Operation::Start).unwrap_err();
+        assert!(e.contains("providerJobId") && e.contains("white space"), "{e}");
+        let e = parse_handle(br#"{"providerJobId":"1","state":"done"}"#, Operation::Status).unwrap_err();
+        assert!(e.contains("state"), "{e}");
+        let e = parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x"}"#, Operation::Status).unwrap_err();
+        assert!(e.contains("result"), "{e}");
+        assert!(parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x\n"}"#, Operation::Result).is_ok());
+        let long = format!(r#"{{"providerJobId":"{}","state":"queued"}}"#, "x".repeat(257));
+        assert!(parse_handle(long.as_bytes(), Operation::Start).unwrap_err().contains("257"));
+        assert!(parse_handle(b"not json", Operation::Start).is_err());
+    }
+
+    #[test]
+    fn failures_validate() {
+        assert!(parse_failure(br#"{"code":"quota","message":"over quota"}"#).is_ok());
+        assert!(parse_failure(br#"{"code":"","message":"x"}"#).is_err());
+        assert!(parse_failure(br#"{"code":"a","message":"x","more":1}"#).is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! External-job providers (PROTOCOL §8.4): the `Provider` trait, the
+//! `command` provider and the built-in `slurm` provider, plus the bounded
+//! process runner both use (own process group, killed at the time limit).
+
+pub mod command;
+pub mod slurm;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config;
+use crate::protocol::bridge::{Failure, Handle, Operation, StartInput};
+
+/// One provider operation, as the daemon's bridge hands it over.
+pub struct Call<'a> {
+    pub op: Operation,
+    /// The bridge request id (Slurm records it in `--comment`).
+    pub request_id: &'a str,
+    pub provider_job_id: Option<&'a str>,
+    pub start: Option<&'a StartInput>,
+    /// The run directory the request came from (batch scripts and output live there).
+    pub run_dir: &'a Path,
+    /// The operation must be answered by then; processes still running are killed.
+    pub deadline: Instant,
+}
+
+/// A provider error: a code (§8.2) and a message naming what to fix.
+pub type ProviderError = Failure;
+
+pub fn failure(code: &str, message: impl Into<String>) -> ProviderError {
+    let mut message: String = message.into();
+    if message.chars().count() > crate::protocol::bridge::MAX_MESSAGE {
+        message = message.chars().take(crate::protocol::bridge::MAX_MESSAGE - 3).collect::<String>() + "...";
+    }
+    let message = match message.trim() {
+        "" => "no message".to_string(),
+        m => m.to_string(),
+    };
+    Failure { code: code.to_string(), message, blocking_job_id: None }
+}
+
+pub trait Provider: Send + Sync {
+    /// `command` or `slurm`.
+    fn kind(&self) -> &'static str;
+    /// Run one operation. The handle is validated by the caller.
+    fn call(&self, call: &Call) -> Result<Handle, ProviderError>;
+    /// Look up a job that an earlier `start` of this request may already have
+    /// submitted (its servicer died before saving the handle). `None` when the
+    /// engine has no such job or cannot tell.
+    fn find_started(&self, _call: &Call) -> Result<Option<Handle>, ProviderError> {
+        Ok(None)
+    }
+    /// A one-line health check for `runspool providers`.
+    fn check(&self) -> Result<String, String>;
+}
+
+pub type Providers = BTreeMap<String, (Arc<dyn Provider>, Duration)>;
+
+/// Build every configured provider with its time limit.
+pub fn build_all(cfg: &config::Config) -> Providers {
+    cfg.providers
+        .iter()
+        .map(|(name, p)| (name.clone(), (build(name, p), Duration::from_millis(p.timeout_ms))))
+        .collect()
+}
+
+pub fn build(name: &str, p: &config::Provider) -> Arc<dyn Provider> {
+    match p.kind.as_str() {
+        "slurm" => Arc::new(slurm::Slurm::new(name)),
+        _ => Arc::new(command::CommandProvider::new(name, p.command.clone())),
+    }
+}
+
+/// Checks on one `[providers.NAME]` table beyond its types (config.rs does
+/// those); called at start and on every reload, so errors name the key.
+pub fn validate(name: &str, p: &config::Provider) -> Result<(), String> {
+    if !crate::protocol::is_id(name, 128) {
+        return Err(format!(
+            "providers.{name}: the provider name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}; rename the table"
+        ));
+    }
+    match p.kind.as_str() {
+        "slurm" if !p.command.is_empty() => Err(format!(
+            "providers.{name}.command is set, but type = \"slurm\" uses sbatch, squeue, sacct/scontrol and scancel from PATH; remove the command key"
+        )),
+        "command" if p.command.iter().any(|a| a.contains('\0')) => {
+            Err(format!("providers.{name}.command contains a NUL character; remove it"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What a bounded process run produced.
+pub struct Output {
+    pub status: Option<ExitStatus>,
+    pub stdout: Vec<u8>,
+    /// True when stdout exceeded the cap (the rest was drained and dropped).
+    pub stdout_truncated: bool,
+    /// The last 4 KiB of stderr, lossily decoded.
+    pub stderr_tail: String,
+    pub timed_out: bool,
+    pub pgid: u32,
+}
+
+/// Run `argv` in its own process group with `stdin`, capturing at most
+/// `max_stdout` bytes of stdout and the tail of stderr. At the deadline the
+/// whole process group is killed (SIGKILL) and `timed_out` is set.
+pub fn run_bounded(
+    argv: &[String],
+    stdin: &[u8],
+    envs: &[(&str, String)],
+    deadline: Instant,
+    max_stdout: usize,
+) -> std::io::Result<Output> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for k in crate::runner::SCRUBBED_ENV {
+        cmd.env_remove(k);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn()?;
+    let pgid = child.id();
+    let mut sin = child.stdin.take().expect("piped");
+    let input = stdin.to_vec();
+    // A provider that never reads stdin must not block us: write from a thread.
+    std::thread::spawn(move || {
+        let _ = sin.write_all(&input);
+    });
+    let (otx, orx) = channel();
+    let mut sout = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        let mut keep = Vec::new();
+        let mut truncated = false;
+        let mut buf = [0u8; 8192];
+        loop {
+            match sout.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = (max_stdout + 1).saturating_sub(keep.len());
+                    keep.extend_from_slice(&buf[..n.min(room)]);
+                    if keep.len() > max_stdout {
+                        truncated = true;
+                        keep.truncate(max_stdout);
+                    }
+                }
+            }
+        }
+        let _ = otx.send((keep, truncated));
+    });
+    let (etx, erx) = channel();
+    let mut serr = child.stderr.take().expect("piped");
+    std::thread::spawn(move || {
+        let mut tail: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match serr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.len() > 8192 {
+                        tail.drain(..tail.len() - 4096);
+                    }
+                }
+            }
+        }
+        let start = tail.len().saturating_sub(4096);
+        let _ = etx.send(String::from_utf8_lossy(&tail[start..]).into_owned());
+    });
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait()? {
+            Some(st) => break Some(st),
+            None if Instant::now() >= deadline => {
+                timed_out = true;
+                kill_group(pgid);
+                break child.wait().ok();
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    if timed_out {
+        kill_group(pgid);
+    }
+    // A background grandchild may hold the pipes open: wait for them only
+    // until the deadline (plus a moment), then go on without the rest.
+    let grace = deadline.max(Instant::now()) + Duration::from_millis(200);
+    let (stdout, stdout_truncated) = orx.recv_timeout(grace.saturating_duration_since(Instant::now())).unwrap_or_default();
+    let stderr_tail = erx.recv_timeout(grace.saturating_duration_since(Instant::now()) + Duration::from_millis(50)).unwrap_or_default();
+    Ok(Output { status, stdout, stdout_truncated, stderr_tail, timed_out, pgid })
+}
+
+pub fn kill_group(pgid: u32) {
+    if pgid > 1 {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// The last `max` characters of `s`, trimmed, for error messages.
+pub fn tail_text(s: &str, max: usize) -> String {
+    let t = s.trim();
+    let n = t.chars().count();
+    if n <= max {
+        t.to_string()
+    } else {
+        format!("...{}", t.chars().skip(n - max).collect::<String>())
+    }
+}
+
+/// Find an executable: a path containing `/` is taken as is, else searched on PATH.
+pub fn find_executable(name: &str) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let check = |p: &Path| -> Result<(), String> {
+        let md = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if !md.is_file() {
+            return Err(format!("{} is not a regular file", p.display()));
+        }
+        if md.permissions().mode() & 0o111 == 0 {
+            return Err(format!("{} is not executable (chmod +x {})", p.display(), p.display()));
+        }
+        Ok(())
+    };
+    if name.contains('/') {
+        let p = Path::new(name).to_path_buf();
+        check(&p)?;
+        return Ok(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for d in std::env::split_paths(&path) {
+        let p = d.join(name);
+        if check(&p).is_ok() {
+            return Ok(p);
+        }
+    }
+    Err(format!("`{name}` is not on PATH ({})", path.to_string_lossy()))
+}
+
+/// `runspool providers`: list the configured providers and check each.
+pub fn cli_main(config_path: Option<&Path>) -> i32 {
+    let cfg = match config::Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("runspool providers: {e}");
+            return 1;
+        }
+    };
+    if cfg.providers.is_empty() {
+        println!("no providers configured; add [providers.NAME] tables to the config file (see docs/external-jobs.md)");
+        return 0;
+    }
+    let mut failed = 0;
+    println!("{:<16} {:<8} {:>10}  CHECK", "NAME", "TYPE", "TIMEOUT");
+    for (name, p) in &cfg.providers {
+        let prov = build(name, p);
+        let (mark, text) = match prov.check() {
+            Ok(t) => ("ok", t),
+            Err(e) => {
+                failed += 1;
+                ("FAILED", e)
+            }
+        };
+        println!("{:<16} {:<8} {:>8}ms  {mark}: {text}", name, p.kind, p.timeout_ms);
+    }
+    if failed > 0 {
+        eprintln!("runspool providers: {failed} provider(s) failed their check");
+        1
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_run_captures_and_kills() {
+        let far = Instant::now() + Duration::from_secs(30);
+        let argv: Vec<String> = ["sh", "-c", "cat; echo err >&2; exit 3"].iter().map(|s| s.to_string()).collect();
+        let o = run_bounded(&argv, b"hello", &[], far, 1024).unwrap();
+        assert_eq!(o.stdout, b"hello");
+        assert_eq!(o.status.unwrap().code(), Some(3));
+        assert_eq!(o.stderr_tail.trim(), "err");
+        assert!(!o.timed_out);
+        let argv: Vec<String> = ["sh", "-c", "sleep 30 & sleep 30"].iter().map(|s| s.to_string()).collect();
+        let o = run_bounded(&argv, b"", &[], Instant::now() + Duration::from_millis(300), 1024).unwrap();
+        assert!(o.timed_out);
+        let argv: Vec<String> = ["sh", "-c", "head -c 5000 /dev/zero"].iter().map(|s| s.to_string()).collect();
+        let o = run_bounded(&argv, b"", &[], far, 100).unwrap();
+        assert!(o.stdout_truncated && o.stdout.len() == 100);
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let p = config::Provider { kind: "slurm".into(), command: vec!["/x".into()], timeout_ms: 1 };
+        assert!(validate("s", &p).unwrap_err().contains("providers.s.command"));
+        let p = config::Provider { kind: "command".into(), command: vec!["a\0".into()], timeout_ms: 1 };
+        assert!(validate("k", &p).unwrap_err().contains("providers.k.command"));
+        let p = config::Provider { kind: "command".into(), command: vec!["/bin/true".into()], timeout_ms: 1 };
+        assert!(validate("k", &p).is_ok());
+    }
+}

@@ -1,0 +1,610 @@
+//! External-job steps (PROTOCOL §8.3): the runner side of the bridge.
+//!
+//! Each external step is driven by a thread that writes requests into
+//! `external-job-requests/`, waits for the daemon's answers in
+//! `external-job-responses/`, and reports progress to the runner's loop
+//! (`Msg::External`), which owns status.json. Stop and timeout send `cancel`;
+//! an interrupt detaches (the job keeps running and can be reattached).
+//! A start is never sent twice: a step whose status already records a start
+//! without a job id fails with `start-redispatch-blocked`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::{json, Map, Value};
+
+use super::{Halt, Msg, Runner, Running};
+use crate::protocol::bridge::{digest, validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::protocol::request::{ExternalJob, Step};
+use crate::protocol::status::StepState;
+use crate::store::fsutil;
+use crate::store::layout::RunPaths;
+
+const REQUESTS: &str = "external-job-requests";
+const RESPONSES: &str = "external-job-responses";
+/// How often a job's status is asked for (§8.3).
+const POLL: Duration = Duration::from_secs(1);
+/// How long to wait for answers once a stop is under way (the daemon may be down).
+const STOP_GRACE: Duration = Duration::from_secs(120);
+/// Consecutive failed status polls before the step gives up on the job.
+const MAX_STATUS_ERRORS: u32 = 5;
+
+/// What the driver thread reports to the runner loop.
+pub(super) enum Event {
+    /// `steps[i].externalJob` changed; `line` goes to the step's output log.
+    Update { job: Value, line: Option<String> },
+    Done(Outcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completed,
+    Failed,
+    Cancelled,
+    Detached,
+}
+
+pub(super) struct Outcome {
+    kind: Kind,
+    error: Option<String>,
+    job: Value,
+    output_file: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctl {
+    Cancel,
+    Detach,
+}
+
+/// The runner's handle on a driver thread: signals become cancel or detach.
+pub(super) struct Control {
+    tx: Sender<Ctl>,
+    sent: bool,
+}
+
+impl Running {
+    /// Signal the step: a process group, or for an external job cancel
+    /// (SIGTERM, SIGKILL) or detach (SIGINT).
+    pub(super) fn signal(&mut self, sig: Signal) {
+        match self.external.as_mut() {
+            None => super::signal_group(self.pid, sig),
+            Some(c) => {
+                if c.sent {
+                    return;
+                }
+                c.sent = true;
+                let _ = c.tx.send(if sig == Signal::SIGINT { Ctl::Detach } else { Ctl::Cancel });
+            }
+        }
+    }
+}
+
+enum Plan {
+    Start(String),
+    Reattach(String),
+}
+
+impl Runner {
+    /// Start (or reattach) external step `i`. None when it failed at once.
+    pub(super) fn spawn_external(&mut self, i: usize, step: &Step, job: &ExternalJob, started: Instant) -> Option<Running> {
+        let now = crate::now_ms();
+        let dg = digest(&job.prompt);
+        let previous = self.status.steps[i].external_job.clone();
+        let mut ej = Map::new();
+        ej.insert("provider".into(), json!(job.provider));
+        ej.insert("promptDigest".into(), json!(dg));
+        ej.insert("options".into(), Value::Object(job.options.clone()));
+        ej.insert("state".into(), json!("starting"));
+        ej.insert("startedAt".into(), json!(now));
+        ej.insert("updatedAt".into(), json!(now));
+        let plan = match previous.as_ref().and_then(Value::as_object) {
+            Some(p) => {
+                let same = p.get("provider").and_then(Value::as_str) == Some(job.provider.as_str())
+                    && p.get("promptDigest").and_then(Value::as_str) == Some(dg.as_str());
+                match p.get("providerJobId").and_then(Value::as_str) {
+                    Some(jid) if same => {
+                        // Keep what was recorded (startedAt, handle URL) and go on from it.
+                        for (k, v) in p {
+                            ej.insert(k.clone(), v.clone());
+                        }
+                        ej.insert("updatedAt".into(), json!(now));
+                        Ok(Plan::Reattach(jid.to_string()))
+                    }
+                    Some(jid) => Err((
+                        "recovery-mismatch",
+                        format!(
+                            "status.json records job {jid} of provider `{}` with prompt digest {}, but step {i} asks provider `{}` with digest {dg}; \
+                             runspool will not attach this step to another job: resubmit the run",
+                            p.get("provider").and_then(Value::as_str).unwrap_or("?"),
+                            p.get("promptDigest").and_then(Value::as_str).unwrap_or("?"),
+                            job.provider
+                        ),
+                    )),
+                    None if p.contains_key("startRequestId") || p.get("state").and_then(Value::as_str).is_some_and(|s| s != "pending") => Err((
+                        "start-redispatch-blocked",
+                        format!(
+                            "an earlier start of step {i} (request {}) ended without a job id; runspool never sends a start twice, \
+                             because the first may have started a job: check provider `{}` for it, then resubmit the run",
+                            p.get("startRequestId").and_then(Value::as_str).unwrap_or("unknown"),
+                            job.provider
+                        ),
+                    )),
+                    None => Ok(Plan::Start(request_id(Operation::Start, i))),
+                }
+            }
+            None => Ok(Plan::Start(request_id(Operation::Start, i))),
+        };
+        let agent = self.status.steps[i].agent.clone();
+        let out = RunPaths::output(&self.dir, i);
+        let plan = match plan {
+            Ok(p) => p,
+            Err((code, msg)) => {
+                if let Some(p) = previous.and_then(|v| v.as_object().cloned()) {
+                    ej = p;
+                }
+                ej.insert("failureCode".into(), json!(code));
+                ej.insert("failureMessage".into(), json!(msg));
+                ej.insert("updatedAt".into(), json!(now));
+                self.fail_external(i, &agent, &out, Value::Object(ej), format!("{code}: {msg}"));
+                return None;
+            }
+        };
+        for d in [REQUESTS, RESPONSES] {
+            if let Err(e) = fsutil::mkdir_private(&self.dir.join(d)) {
+                let msg = format!("cannot create {}: {e}; check the run directory's permissions and free space", self.dir.join(d).display());
+                self.fail_external(i, &agent, &out, Value::Object(ej), msg);
+                return None;
+            }
+        }
+        if let Plan::Start(id) = &plan {
+            // Recorded before the request exists, so a later runner knows a start may have gone out.
+            ej.insert("startRequestId".into(), json!(id));
+        }
+        self.status.steps[i].external_job = Some(Value::Object(ej.clone()));
+        self.save();
+        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
+        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": Value::Object(ej.clone())}));
+        let (ctx, crx) = channel();
+        let d = Driver {
+            dir: self.dir.clone(),
+            out,
+            i,
+            tx: self.tx.clone(),
+            ctl: crx,
+            pending: None,
+            job: ej,
+            provider: job.provider.clone(),
+            start: StartInput {
+                prompt: job.prompt.clone(),
+                prompt_digest: dg,
+                cwd: step.cwd.clone().unwrap_or_else(|| self.req.cwd.clone()),
+                run_id: self.status.run_id.clone(),
+                step_index: i,
+                agent,
+                options: job.options.clone(),
+                session_id: Some(self.status.session_id.clone()),
+            },
+            abandoned: Vec::new(),
+        };
+        std::thread::Builder::new()
+            .name(format!("external-{i}"))
+            .spawn(move || d.run(plan))
+            .map_err(|e| eprintln!("cannot start the driver thread of step {i}: {e}"))
+            .ok()?;
+        let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
+        Some(Running {
+            pid: 0,
+            started,
+            deadline,
+            escalate: None,
+            timed_out: false,
+            external: Some(Control { tx: ctx, sent: false }),
+        })
+    }
+
+    fn fail_external(&mut self, i: usize, agent: &str, out: &Path, job: Value, msg: String) {
+        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
+        let _ = fsutil::append_line(out, format!("runspool: {msg}").as_bytes());
+        let st = &mut self.status.steps[i];
+        st.status = StepState::Failed;
+        st.exit_code = Some(1);
+        st.error = Some(msg);
+        st.ended_at = Some(crate::now_ms());
+        st.duration_ms = Some(0);
+        st.external_job = Some(job.clone());
+        self.save();
+        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
+        self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": 1, "durationMs": 0}));
+    }
+
+    /// A message from a driver thread.
+    pub(super) fn on_external(&mut self, i: usize, ev: Event, running: &mut BTreeMap<usize, Running>) {
+        match ev {
+            Event::Update { job, line } => {
+                if let Some(l) = line {
+                    let _ = fsutil::append_line(&RunPaths::output(&self.dir, i), format!("runspool: {l}").as_bytes());
+                }
+                self.status.steps[i].external_job = Some(job.clone());
+                self.save();
+                self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
+            }
+            Event::Done(o) => {
+                if let Some(r) = running.remove(&i) {
+                    self.record_external(i, r, o);
+                }
+            }
+        }
+    }
+
+    fn record_external(&mut self, i: usize, r: Running, o: Outcome) {
+        let ended = crate::now_ms();
+        let dur = r.started.elapsed().as_millis() as i64;
+        let halt = self.halt;
+        let agent = self.status.steps[i].agent.clone();
+        if let Some(f) = &o.output_file {
+            if self.status.output_file == self.status.steps[i].output_file {
+                self.status.output_file = Some(f.clone());
+            }
+        }
+        let st = &mut self.status.steps[i];
+        st.external_job = Some(o.job.clone());
+        if let Some(f) = &o.output_file {
+            st.output_file = Some(f.clone());
+        }
+        st.ended_at = Some(ended);
+        st.duration_ms = Some(dur);
+        let note = o.error.clone();
+        let kind = if r.timed_out {
+            st.status = StepState::Failed;
+            st.timed_out = Some(true);
+            st.exit_code = Some(1);
+            st.error = Some(format!("step timed out after {dur} ms{}", note.map(|n| format!("; {n}")).unwrap_or_default()));
+            self.step_timed_out = true;
+            "failed"
+        } else if o.kind == Kind::Completed && halt.is_none() {
+            st.status = StepState::Complete;
+            st.exit_code = Some(0);
+            "completed"
+        } else {
+            match halt {
+                Some(Halt::Stop) => {
+                    st.status = StepState::Stopped;
+                    st.stopped = Some(true);
+                    st.exit_code = Some(1);
+                    st.error = note;
+                    "stopped"
+                }
+                Some(Halt::Interrupt) => {
+                    st.status = StepState::Paused;
+                    st.exit_code = Some(1);
+                    st.error = note;
+                    "paused"
+                }
+                Some(Halt::Timeout) => {
+                    st.status = StepState::Failed;
+                    st.timed_out = Some(true);
+                    st.exit_code = Some(1);
+                    st.error = note;
+                    "failed"
+                }
+                None => {
+                    st.status = StepState::Failed;
+                    st.exit_code = Some(1);
+                    st.error = Some(note.unwrap_or_else(|| "the external job did not complete".into()));
+                    "failed"
+                }
+            }
+        };
+        let code = self.status.steps[i].exit_code.unwrap_or(1);
+        self.save();
+        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": o.job}));
+        self.ev(&format!("subagent.step.{kind}"), json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}));
+    }
+}
+
+fn request_id(op: Operation, i: usize) -> String {
+    format!("{}-{i}-{}", op.as_str(), uuid::Uuid::new_v4().simple())
+}
+
+/// Why a request got no handle.
+enum Fail {
+    /// The daemon answered `ok: false` (or with an invalid handle).
+    Bridge { code: String, message: String },
+    /// A cancel or detach arrived while an interruptible request was waiting.
+    Interrupted,
+}
+
+struct Driver {
+    dir: PathBuf,
+    out: PathBuf,
+    i: usize,
+    tx: Sender<Msg>,
+    ctl: Receiver<Ctl>,
+    pending: Option<Ctl>,
+    job: Map<String, Value>,
+    provider: String,
+    start: StartInput,
+    /// Requests given up on; their late answers are cleaned away at the end.
+    abandoned: Vec<String>,
+}
+
+impl Driver {
+    fn run(mut self, plan: Plan) {
+        let o = self.drive(plan);
+        for id in std::mem::take(&mut self.abandoned) {
+            let _ = fsutil::remove_if_exists(&self.dir.join(REQUESTS).join(format!("{id}.json")));
+            let _ = fsutil::remove_if_exists(&self.dir.join(RESPONSES).join(format!("{id}.json")));
+        }
+        let _ = self.tx.send(Msg::External(self.i, Event::Done(o)));
+    }
+
+    fn publish(&mut self, line: Option<String>) {
+        self.job.insert("updatedAt".into(), json!(crate::now_ms()));
+        let _ = self.tx.send(Msg::External(self.i, Event::Update { job: Value::Object(self.job.clone()), line }));
+    }
+
+    fn outcome(&self, kind: Kind, error: Option<String>, output_file: Option<String>) -> Outcome {
+        Outcome { kind, error, job: Value::Object(self.job.clone()), output_file }
+    }
+
+    /// Record a handle in `externalJob`; true when something a reader cares about changed.
+    fn apply(&mut self, h: &Handle) -> bool {
+        let before = self.job.clone();
+        self.job.insert("providerJobId".into(), json!(h.provider_job_id));
+        self.job.insert("state".into(), json!(h.state.as_str()));
+        for (k, v) in [
+            ("handleUrl", &h.handle_url),
+            ("failureCode", &h.failure_code),
+            ("failureMessage", &h.failure_message),
+            ("blockingJobId", &h.blocking_job_id),
+        ] {
+            match v {
+                Some(s) => {
+                    self.job.insert(k.into(), json!(s));
+                }
+                None => {
+                    self.job.remove(k);
+                }
+            }
+        }
+        if let Some(u) = &h.conversation_url {
+            self.job.insert("conversationUrl".into(), json!(u));
+        }
+        let mut a = before;
+        a.remove("updatedAt");
+        let mut b = self.job.clone();
+        b.remove("updatedAt");
+        a != b
+    }
+
+    fn bridge_failure(&mut self, code: &str, message: &str) -> Outcome {
+        self.job.insert("failureCode".into(), json!(code));
+        self.job.insert("failureMessage".into(), json!(message));
+        if self.job.get("state").and_then(Value::as_str) == Some("starting") {
+            self.job.insert("state".into(), json!("failed"));
+        }
+        self.outcome(Kind::Failed, Some(format!("{code}: {message}")), None)
+    }
+
+    fn drive(&mut self, plan: Plan) -> Outcome {
+        let first = match &plan {
+            Plan::Start(id) => self.request(id.clone(), Operation::Start, None, false),
+            Plan::Reattach(jid) => self.request(request_id(Operation::Reattach, self.i), Operation::Reattach, Some(jid.clone()), true),
+        };
+        let h = match first {
+            Ok(h) => h,
+            Err(Fail::Bridge { code, message }) => return self.bridge_failure(&code, &message),
+            Err(Fail::Interrupted) => {
+                // Only a reattach is interruptible; the job id is already recorded.
+                let jid = match &plan {
+                    Plan::Reattach(j) => j.clone(),
+                    Plan::Start(_) => unreachable!("a start waits for its answer"),
+                };
+                return self.halted(&jid);
+            }
+        };
+        let verb = if matches!(plan, Plan::Start(_)) { "started" } else { "reattached to" };
+        self.apply(&h);
+        self.publish(Some(format!("{verb} job {} on provider `{}` ({})", h.provider_job_id, self.provider, h.state.as_str())));
+        let jid = h.provider_job_id.clone();
+        let mut state = h.state;
+        let mut errors = 0;
+        while !state.is_terminal() {
+            if self.pending.is_some() {
+                return self.halted(&jid);
+            }
+            match self.ctl.recv_timeout(POLL) {
+                Ok(c) => {
+                    self.pending = Some(c);
+                    continue;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.pending = Some(Ctl::Detach),
+            }
+            match self.request(request_id(Operation::Status, self.i), Operation::Status, Some(jid.clone()), true) {
+                Ok(h) => {
+                    errors = 0;
+                    state = h.state;
+                    if self.apply(&h) {
+                        self.publish(Some(format!("job {jid}: {}", h.state.as_str())));
+                    }
+                }
+                Err(Fail::Interrupted) => {}
+                Err(Fail::Bridge { code, message }) => {
+                    errors += 1;
+                    let _ = fsutil::append_line(&self.out, format!("runspool: status of job {jid} failed ({errors}/{MAX_STATUS_ERRORS}): {code}: {message}").as_bytes());
+                    if errors >= MAX_STATUS_ERRORS {
+                        return self.bridge_failure(&code, &format!("{message} (after {errors} failed status requests for job {jid})"));
+                    }
+                }
+            }
+        }
+        if state == JobState::Stopped {
+            let why = self.job.get("failureMessage").and_then(Value::as_str).unwrap_or("no reason given").to_string();
+            return self.outcome(Kind::Failed, Some(format!("external job {jid} ({}) was stopped outside runspool: {why}", self.provider)), None);
+        }
+        let output_file = self.fetch_result(&jid);
+        if state == JobState::Completed {
+            return self.outcome(Kind::Completed, None, output_file);
+        }
+        let why = self.job.get("failureMessage").and_then(Value::as_str).unwrap_or("no reason given").to_string();
+        let code = self.job.get("failureCode").and_then(Value::as_str).map(|c| format!(" [{c}]")).unwrap_or_default();
+        self.outcome(Kind::Failed, Some(format!("external job {jid} ({}) failed: {why}{code}", self.provider)), output_file)
+    }
+
+    /// Ask for the result and store it; returns the step's output file.
+    fn fetch_result(&mut self, jid: &str) -> Option<String> {
+        match self.request(request_id(Operation::Result, self.i), Operation::Result, Some(jid.to_string()), true) {
+            Ok(h) => {
+                if let Some(p) = &h.artifact_path {
+                    self.job.insert("resultArtifactPath".into(), json!(p));
+                    self.publish(Some(format!("job {jid}: result in {p}")));
+                    return Some(p.clone());
+                }
+                let path = self.dir.join(format!("external-job-{}.result.md", self.i));
+                match fsutil::write_atomic(&path, h.output.as_deref().unwrap_or("").as_bytes(), true) {
+                    Ok(()) => {
+                        self.publish(Some(format!("job {jid}: result in {}", path.display())));
+                        Some(path.display().to_string())
+                    }
+                    Err(e) => {
+                        let _ = fsutil::append_line(&self.out, format!("runspool: cannot write {}: {e}", path.display()).as_bytes());
+                        None
+                    }
+                }
+            }
+            Err(Fail::Bridge { code, message }) => {
+                let _ = fsutil::append_line(&self.out, format!("runspool: result of job {jid} failed: {code}: {message}").as_bytes());
+                None
+            }
+            Err(Fail::Interrupted) => None,
+        }
+    }
+
+    /// A cancel or detach is pending for job `jid`.
+    fn halted(&mut self, jid: &str) -> Outcome {
+        if self.pending == Some(Ctl::Detach) {
+            let _ = fsutil::append_line(&self.out, format!("runspool: detached from job {jid}; it keeps running").as_bytes());
+            return self.outcome(Kind::Detached, Some(format!("detached from external job {jid}, which keeps running")), None);
+        }
+        match self.request(request_id(Operation::Cancel, self.i), Operation::Cancel, Some(jid.to_string()), false) {
+            Ok(h) => {
+                self.apply(&h);
+                if !h.state.is_terminal() {
+                    self.job.insert("state".into(), json!("stopped"));
+                }
+                self.publish(Some(format!("cancelled job {jid}")));
+                self.outcome(Kind::Cancelled, None, None)
+            }
+            Err(Fail::Bridge { code, message }) => {
+                let msg = format!("cancelling external job {jid} failed: {code}: {message}; cancel it on the engine by hand");
+                let _ = fsutil::append_line(&self.out, format!("runspool: {msg}").as_bytes());
+                self.outcome(Kind::Cancelled, Some(msg), None)
+            }
+            Err(Fail::Interrupted) => self.outcome(Kind::Cancelled, Some(format!("cancelling external job {jid} got no answer")), None),
+        }
+    }
+
+    /// Write a request and wait for its answer. `interruptible`: give up when
+    /// a cancel or detach arrives. Once a stop is pending, waits are bounded.
+    fn request(&mut self, id: String, op: Operation, job_id: Option<String>, interruptible: bool) -> Result<Handle, Fail> {
+        let req = Request {
+            id: id.clone(),
+            operation: op,
+            provider: self.provider.clone(),
+            provider_job_id: job_id,
+            start: (op == Operation::Start).then(|| self.start.clone()),
+            created_at: crate::now_ms(),
+            claimed_at: None,
+        };
+        let path = self.dir.join(REQUESTS).join(format!("{id}.json"));
+        let resp_path = self.dir.join(RESPONSES).join(format!("{id}.json"));
+        let bytes = serde_json::to_vec_pretty(&req).unwrap_or_default();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match fsutil::write_atomic(&path, &bytes, op == Operation::Start) {
+                Ok(()) => break,
+                Err(e) if fsutil::is_capacity(&e) => {
+                    // Keep the request in memory and retry (PROTOCOL §11).
+                    if self.take_ctl() && interruptible {
+                        return Err(Fail::Interrupted);
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    return Err(Fail::Bridge {
+                        code: "bridge-io".into(),
+                        message: format!("cannot write {}: {e}; check the run directory", path.display()),
+                    })
+                }
+            }
+        }
+        let mut grace_until: Option<Instant> = None;
+        loop {
+            if let Ok(b) = fsutil::read_nofollow(&resp_path, 8 * 1024 * 1024) {
+                match serde_json::from_slice::<Response>(&b) {
+                    Ok(r) if r.id == id => {
+                        let _ = std::fs::remove_file(&resp_path);
+                        return answer(r, op);
+                    }
+                    // Not yet complete or someone else's: look again.
+                    _ => {}
+                }
+            }
+            if self.take_ctl() {
+                if interruptible {
+                    self.abandoned.push(id);
+                    return Err(Fail::Interrupted);
+                }
+                grace_until.get_or_insert_with(|| Instant::now() + STOP_GRACE);
+            }
+            if grace_until.is_some_and(|t| Instant::now() >= t) {
+                self.abandoned.push(id.clone());
+                return Err(Fail::Bridge {
+                    code: "bridge-no-answer".into(),
+                    message: format!(
+                        "no answer to {} request {id} within {} s of the stop; is the runspool daemon running? If a job was started, cancel it by hand",
+                        op.as_str(),
+                        STOP_GRACE.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Note a control message if one arrived; true when one is pending.
+    fn take_ctl(&mut self) -> bool {
+        match self.ctl.try_recv() {
+            Ok(c) => {
+                if self.pending.is_none() {
+                    self.pending = Some(c);
+                }
+            }
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => {
+                self.pending.get_or_insert(Ctl::Detach);
+            }
+        }
+        self.pending.is_some()
+    }
+}
+
+fn answer(r: Response, op: Operation) -> Result<Handle, Fail> {
+    if !r.ok {
+        return Err(Fail::Bridge {
+            code: r.code.unwrap_or_else(|| "provider-error".into()),
+            message: r.message.unwrap_or_else(|| "the provider gave no message".into()),
+        });
+    }
+    let Some(h) = r.result else {
+        return Err(Fail::Bridge { code: "provider-error".into(), message: format!("the answer to {} has ok: true but no result", op.as_str()) });
+    };
+    validate_handle(&h, op).map_err(|e| Fail::Bridge { code: "provider-error".into(), message: format!("invalid handle in the answer to {}: {e}", op.as_str()) })?;
+    Ok(h)
+}
