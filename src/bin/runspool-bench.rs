@@ -1044,8 +1044,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         fs::write(out, serde_json::to_vec_pretty(&js)?)?;
     }
-    if args.keep {
-        eprintln!("kept {}", base.display());
+    if args.keep || r.is_err() {
+        eprintln!("kept {} for inspection", base.display());
     } else {
         let _ = fs::remove_dir_all(&base);
     }

@@ -511,6 +511,11 @@ impl Daemon {
                 Outcome::Claimed(s) => {
                     done += 1;
                     self.enqueue(&s);
+                    if !self.w.is_idle() {
+                        // Its status is only in memory: stop claiming until storage recovers.
+                        later = true;
+                        break;
+                    }
                 }
                 Outcome::Rejected => done += 1,
                 Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
@@ -614,6 +619,11 @@ impl Daemon {
     }
 
     fn schedule(&mut self) {
+        // A runner needs the queued status on disk (and files of its own):
+        // while writes are deferred, nothing new starts.
+        if !self.w.is_idle() {
+            return;
+        }
         while self.running.len() < self.cfg.max_running {
             let Some(q) = self.queue.pop() else { break };
             if !self.queued.remove(&q.run_id) {

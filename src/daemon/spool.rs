@@ -418,7 +418,6 @@ fn reject_entry_seen(
     }
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     write_error_file(&err, &file, r)?;
-    let _ = fsync_dir(&l.spool());
     tracing::warn!(request = name, code = r.code, "rejected: {}", r.message);
     if let Some((run_id, body)) = run {
         // Not `exists()`: a dangling symlink there must not be written through.
@@ -431,7 +430,9 @@ fn reject_entry_seen(
 
 fn write_error_file(err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
     let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
-    fsutil::write_atomic(err, &serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, true)
+    // Not fsynced: the rename into rejected/ already happened, and a lost
+    // error file is rewritten at the next start (recover_rejected).
+    fsutil::write_atomic(err, &serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
 }
 
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.

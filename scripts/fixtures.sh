@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the system tools the fault tests use, when missing. Idempotent;
+# needs root (apt-get). Tests call it themselves, so `cargo test` as root
+# on a fresh Debian machine has what it needs.
+#   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit
+set -euo pipefail
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(bindfs btrfs strace prlimit)
+pkgs=()
+for t in "${want[@]}"; do
+  case "$t" in
+    bindfs)  command -v bindfs >/dev/null || pkgs+=(bindfs fuse3) ;;
+    btrfs)   command -v mkfs.btrfs >/dev/null || pkgs+=(btrfs-progs) ;;
+    strace)  command -v strace >/dev/null || pkgs+=(strace) ;;
+    prlimit) command -v prlimit >/dev/null || pkgs+=(util-linux) ;;
+    *) echo "fixtures.sh: unknown tool $t" >&2; exit 2 ;;
+  esac
+done
+[ ${#pkgs[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "fixtures.sh: need root to install ${pkgs[*]}" >&2
+  exit 1
+fi
+# One installer at a time: test binaries run this concurrently.
+exec 9>/tmp/runspool-fixtures.lock
+flock 9
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q "${pkgs[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "${pkgs[@]}" >/dev/null; }
