@@ -5,6 +5,17 @@
 //! operation, `daemon` the resident loop, `runner` one run, `cli` the
 //! user-facing commands.
 
+/// Print a line on stderr, ignoring errors: a runner's stderr is a file in
+/// its run directory, and a full disk must not turn a diagnostic into a
+/// panic (which `eprintln!` would).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod cli;
 pub mod config;
 pub mod daemon;

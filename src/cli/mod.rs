@@ -143,6 +143,12 @@ fn init_logging(default: &str) {
 
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Daemon { .. } | Cmd::Runner { .. }) {
+        // A reader piped into `head` should end quietly, like any Unix tool.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.cmd {
         Cmd::Runner { run_dir } => {
             init_logging("info");

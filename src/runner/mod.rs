@@ -66,14 +66,18 @@ pub struct Runner {
     step_timed_out: bool,
     previous_output: Option<String>,
     _watcher: Option<notify::RecommendedWatcher>,
+    /// When to start watching the control inbox (None: started or given up).
+    watch_at: Option<Instant>,
 }
 
 /// Entry point. Returns the process exit code.
 pub fn main(run_dir: &Path) -> i32 {
+    // Detach into a session of our own (the daemon spawns us without a pre_exec hook).
+    let _ = nix::unistd::setsid();
     match run(run_dir) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("runspool runner {}: {e:#}", run_dir.display());
+            crate::note!("runspool runner {}: {e:#}", run_dir.display());
             1
         }
     }
@@ -84,7 +88,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
     let Some(_lock) = fsutil::lock(&RunPaths::runner_lock(&dir), true)? else {
-        eprintln!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
+        crate::note!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
         return Ok(0);
     };
     let raw = fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)?;
@@ -114,7 +118,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         Some(s)
     })?;
     let Some(status) = started else {
-        eprintln!("run {} is not queued; nothing to do", dir.display());
+        crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
     };
     let run_deadline = Instant::now() + Duration::from_millis(status.timeout_ms);
@@ -132,8 +136,10 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         step_timed_out: false,
         previous_output: None,
         _watcher: None,
+        // Perf: the inbox is polled for the first 50 ms and watched after that, so a
+        // short run never pays for the watcher thread and the slow inotify close at exit.
+        watch_at: Some(Instant::now() + Duration::from_millis(50)),
     };
-    r.watch_control();
     r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
     r.execute();
     // Perf: drop the inotify watch before the terminal writes; closing an inotify fd that still
@@ -170,7 +176,7 @@ impl Runner {
                 let bytes = serde_json::to_vec_pretty(&self.status).unwrap_or_default();
                 let durable = !self.status.state.is_active();
                 if let Err(e) = self.w.write(&RunPaths::status(&self.dir), bytes, durable) {
-                    eprintln!("cannot write status.json: {e}");
+                    crate::note!("cannot write status.json: {e}");
                 }
             }
         }
@@ -187,9 +193,9 @@ impl Runner {
         match watcher {
             Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::NonRecursive) {
                 Ok(()) => self._watcher = Some(wt),
-                Err(e) => eprintln!("watching {} failed ({e}); checking it every second", control.display()),
+                Err(e) => crate::note!("watching {} failed ({e}); checking it every second", control.display()),
             },
-            Err(e) => eprintln!("no file watcher ({e}); checking the control inbox every second"),
+            Err(e) => crate::note!("no file watcher ({e}); checking the control inbox every second"),
         }
     }
 
@@ -286,6 +292,9 @@ impl Runner {
             if self.halt.is_none() {
                 wake = wake.min(self.run_deadline);
             }
+            if let Some(t) = self.watch_at {
+                wake = wake.min(t);
+            }
             for r in running.values() {
                 if let Some(d) = r.deadline {
                     wake = wake.min(d);
@@ -303,6 +312,10 @@ impl Runner {
                 Ok(Msg::External(i, ev)) => self.on_external(i, ev, &mut running),
                 Ok(Msg::Control) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => unreachable!("the runner holds a sender"),
+            }
+            if self.watch_at.is_some_and(|t| Instant::now() >= t) {
+                self.watch_at = None;
+                self.watch_control(); // the check_control below sees what landed before the watch
             }
             let before = self.halt;
             self.check_control();
@@ -517,13 +530,13 @@ impl Runner {
             json!({"status": state.as_str(), "durationMs": duration, "exitCode": self.status.exit_code}),
         );
         if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.status) {
-            eprintln!("publishing the run's indexes and result failed: {e}");
+            crate::note!("publishing the run's indexes and result failed: {e}");
         }
         // A runner with pending terminal writes does not exit (PROTOCOL §11).
         let mut waited = 0u64;
         while !self.w.flush() {
             if waited % 60 == 0 {
-                eprintln!("storage full: the terminal status is kept in memory and retried every second ({waited} s so far)");
+                crate::note!("storage full: the terminal status is kept in memory and retried every second ({waited} s so far)");
             }
             std::thread::sleep(Duration::from_secs(1));
             waited += 1;
