@@ -56,6 +56,12 @@ fn recent_uses_terminal_index_newest_first() {
     let good = sdir.join(terminal_marker_name(base + 1999 * 1000, "run-1999"));
     assert!(good.exists(), "a valid marker stays");
 
+    // Without --session: across all sessions (only one here), same answer.
+    let o = env.cli(&["list", "--recent", "20", "--json"]);
+    assert!(o.status.success(), "list --recent 20 --json: {}", describe(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("JSON ({e}): {}", describe(&o)));
+    assert_eq!(list_ids(&v), want, "the newest 20 without --session");
+
     // Smaller N and plain text output work too.
     let o = env.cli(&["list", "--recent", "3", "--session", session, "--json"]);
     assert!(o.status.success(), "{}", describe(&o));

@@ -306,3 +306,111 @@ fn second_daemon_fails_naming_the_pid() {
     env.kill9();
     env.start_daemon();
 }
+
+#[test]
+fn stop_of_queued_run_written_while_daemon_down() {
+    let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
+    env.start_daemon();
+    let gate = env.work.join("gate-sq");
+    env.submit(&request(Some("sq-block"), &env.work, vec![sh_step("b", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))]));
+    env.wait_state("sq-block", "running");
+    env.submit(&request(Some("sq-victim"), &env.work, vec![sh_step("v", "touch ran-sq-victim")]));
+    env.wait_state("sq-victim", "queued");
+    env.kill9();
+    env.write_control("sq-victim", "stop");
+    fs::write(&gate, b"go").unwrap();
+    env.wait_terminal("sq-block");
+    env.start_daemon();
+    let st = env.wait_terminal("sq-victim");
+    assert_eq!(st["state"], "stopped", "{st}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!env.work.join("ran-sq-victim").exists(), "a stopped queued run never starts");
+    env.check_consistency();
+}
+
+#[test]
+fn bad_config_is_refused_naming_the_key() {
+    let env = TestEnv::with_config("max_running = 2\nmax_runing = 3\n");
+    let (st, out) = env.run_daemon_expect_exit(&env.root, Duration::from_secs(30));
+    assert!(!st.success(), "unknown config key must be refused: {out}");
+    assert!(out.contains("max_runing"), "message names the unknown key: {out}");
+
+    // a missing --config file is an error too
+    let mut env2 = TestEnv::new();
+    env2.config_path = env2.base().join("does-not-exist.toml");
+    let (st, out) = env2.run_daemon_expect_exit(&env2.root, Duration::from_secs(30));
+    assert!(!st.success(), "a missing --config file is an error: {out}");
+}
+
+#[test]
+fn retention_removes_old_terminal_runs_but_keeps_paused() {
+    let mut env = TestEnv::with_config("max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
+    let day = 86_400_000i64;
+    let now = now_ms();
+    env.fabricate_terminal_run("old-complete", "default", now - 40 * day, "complete");
+    env.fabricate_result("old-complete");
+    env.fabricate_terminal_run("old-paused", "default", now - 40 * day, "paused");
+    env.fabricate_result("old-paused");
+    env.fabricate_terminal_run("recent", "default", now - 2 * day, "complete");
+    env.fabricate_result("recent");
+    env.start_daemon();
+    wait_until(Duration::from_secs(120), "old run removed by retention", || !env.run_dir("old-complete").exists());
+    wait_until(LONG, "old result removed", || !env.result_path("old-complete").exists());
+    assert!(env.run_dir("old-paused").join("status.json").exists(), "paused runs are kept");
+    assert!(env.result_path("old-paused").exists());
+    assert!(env.run_dir("recent").join("status.json").exists(), "recent runs are kept");
+    assert!(env.result_path("recent").exists());
+    assert!(
+        !list_names(&env.runs()).iter().any(|n| n.starts_with(".deleting-run-")),
+        "tombstone dirs are removed: {:?}",
+        list_names(&env.runs())
+    );
+}
+
+#[test]
+fn killed_runner_in_parallel_group_kills_all_members() {
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    let id = "victim-par";
+    let pids: Vec<_> = (0..3).map(|i| env.work.join(format!("vp-{i}.pid"))).collect();
+    let members = pids.iter().enumerate().map(|(i, p)| sh_step(&format!("m{i}"), &step_pid_script(p, "exec sleep 60"))).collect();
+    env.submit(&request(Some(id), &env.work, vec![parallel(members, None)]));
+    for p in &pids {
+        env.wait_file(p);
+    }
+    let runner = env.wait_state(id, "running")["pid"].as_i64().unwrap();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "failed", "{st}");
+    assert!(st["error"].as_str().unwrap_or("").starts_with(&format!("runner process {runner} exited before recording a result")));
+    for p in &pids {
+        let pid = read_pid(p);
+        wait_until(LONG, "every member's process group killed", || !process_alive(pid) && !process_group_alive(pid));
+    }
+    for i in 0..3 {
+        assert_eq!(st["steps"][i]["status"], "failed", "{st}");
+        assert_eq!(st["steps"][i]["exitCode"], 1, "{st}");
+    }
+    env.check_consistency();
+}
+
+#[test]
+fn runner_obeys_stop_while_daemon_is_down() {
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    let id = "stop-no-daemon";
+    let pidf = env.work.join("snd.pid");
+    env.submit(&request(Some(id), &env.work, vec![sh_step("s", &step_pid_script(&pidf, "exec sleep 60"))]));
+    env.wait_file(&pidf);
+    env.wait_state(id, "running");
+    env.kill9();
+    env.write_control(id, "stop");
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "stopped", "the runner acts on its inbox without a daemon: {st}");
+    let pid = read_pid(&pidf);
+    wait_until(LONG, "step gone", || !process_alive(pid));
+    env.start_daemon();
+    env.check_consistency();
+}

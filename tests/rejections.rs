@@ -288,7 +288,28 @@ fn invalid_fields_each_limit_by_one() {
     r["priority"] = json!("high");
     add("inv-priority-type", r, vec!["priority"]);
 
+    let mut r = request(Some("inv-toolcall-len"), &w, one());
+    r["toolCallId"] = json!("t".repeat(4097));
+    add("inv-toolcall-len", r, vec!["toolcallid"]);
+
+    let mut r = request(Some("inv-nul-arg"), &w, one());
+    r["steps"][0]["command"] = json!(["echo", "a\u{0}b"]);
+    add("inv-nul-arg", r, vec!["command", "nul"]);
+
+    let mut r = request(Some("inv-4097-args"), &w, one());
+    let mut args = vec![json!("true")];
+    args.extend((0..4096).map(|i| json!(format!("a{i}"))));
+    r["steps"][0]["command"] = Value::Array(args);
+    add("inv-4097-args", r, vec!["command"]);
+
+    let mut r = request(Some("inv-step-field"), &w, one());
+    r["steps"][0]["comand"] = json!(["true"]);
+    add("inv-step-field", r, vec!["comand", "steps"]);
+
     // An invalid runId: rejected, but no run directory can be created for it.
+    let long_id = format!("L{}", "x".repeat(128));
+    let r = request(Some(&long_id), &w, one());
+    add("inv-runid-long", r, vec!["runid"]);
     let r = request(Some("bad run id"), &w, one());
     add("inv-runid", r, vec!["runid"]);
 
@@ -301,11 +322,12 @@ fn invalid_fields_each_limit_by_one() {
         let e = expect_rejected(&env, name, "invalid-field", Some(b), t0);
         let msg = e["message"].as_str().unwrap().to_lowercase();
         assert!(tokens.iter().any(|t| msg.contains(t)), "{name}: message {msg:?} should name the field (one of {tokens:?})");
-        if name != "inv-runid" {
+        if name != "inv-runid" && name != "inv-runid-long" {
             expect_rejected_run(&env, name, "invalid-field");
         }
     }
     assert!(!env.run_dir("bad run id").exists());
+    assert!(!env.run_dir(&format!("L{}", "x".repeat(128))).exists());
     env.check_consistency();
 }
 
@@ -327,6 +349,13 @@ fn limits_at_the_boundary_are_accepted() {
     r["env"] = Value::Object(m);
     env.submit(&r);
 
+    let id128 = format!("R{}", "9".repeat(127));
+    let mut r = request(Some(&id128), &w, vec![cmd_step("a", &["true"])]);
+    let mut args = vec![json!("true")];
+    args.extend((0..4095).map(|i| json!(format!("a{i}"))));
+    r["steps"][0]["command"] = Value::Array(args);
+    env.drop_request("ok-runid-128", &r);
+
     let mut r = request(
         Some("ok-conc-64"),
         &w,
@@ -342,7 +371,7 @@ fn limits_at_the_boundary_are_accepted() {
     // the first member may well time out after 1 ms; the request is still valid
     env.submit(&r);
 
-    for id in ["ok-256-steps", "ok-fields", "ok-conc-64"] {
+    for id in ["ok-256-steps", "ok-fields", "ok-conc-64", id128.as_str()] {
         let st = env.wait_terminal_for(id, Duration::from_secs(120));
         assert_eq!(st["state"], "complete", "{id}: {st}");
     }
@@ -508,4 +537,41 @@ fn garbage_does_not_stop_valid_requests() {
     }
     let _ = Path::new("/");
     env.check_consistency();
+}
+
+#[test]
+fn hard_linked_request_is_not_claimed() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let body = serde_json::to_vec(&valid(&env, "hard-linked")).unwrap();
+    let outside = env.spool().join(".keep-outside");
+    write_file_mode(&outside, &body, 0o600);
+    fs::hard_link(&outside, env.spool().join("hard-linked.json")).unwrap();
+    let e = env.wait_rejection("hard-linked");
+    assert!(
+        ["not-regular-file", "bad-permissions", "bad-owner"].contains(&e["code"].as_str().unwrap_or("")),
+        "a request with two links is refused: {e}"
+    );
+    assert!(!env.run_dir("hard-linked").exists() || env.state("hard-linked").as_deref() == Some("rejected"));
+    assert_eq!(file_bytes(&outside), body);
+}
+
+#[test]
+fn cli_reports_rejection_of_its_request() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let o = env.cli(&["submit", "--run-id", "cli-rejected", "--cwd", "/nonexistent/cli-cwd", "--wait", "--", "true"]);
+    assert!(!o.status.success(), "submit --wait of a rejected request fails: {}", describe(&o));
+    // (the CLI may refuse it itself before publishing; if it published, the run is rejected)
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(matches!(env.state("cli-rejected").as_deref(), None | Some("rejected")));
+    let mut r = valid(&env, "cli-rejected");
+    r["cwd"] = json!("/nonexistent/cli-cwd");
+    env.drop_request("cli-rejected-req", &r);
+    let o = env.cli(&["wait", "cli-rejected", "--timeout", "30s"]);
+    assert!(!o.status.success(), "wait on a rejected run fails: {}", describe(&o));
+    let o = env.cli(&["status", "cli-rejected", "--json"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["state"], "rejected");
 }

@@ -63,11 +63,17 @@ pub struct Bridge {
 impl Bridge {
     pub fn new(cfg: &Config, tx: Sender<Hint>) -> Bridge {
         let pid = std::process::id();
-        for (name, p) in &cfg.providers {
-            if let Err(e) = providers::build(name, p).check() {
-                tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed");
+        // Checks can take seconds (sinfo on an unreachable cluster): never in the loop.
+        let checks: Vec<(String, std::sync::Arc<dyn Provider>)> =
+            cfg.providers.iter().map(|(name, p)| (name.clone(), providers::build(name, p))).collect();
+        let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
+            for (name, p) in checks {
+                match p.check() {
+                    Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
+                    Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
+                }
             }
-        }
+        });
         Bridge {
             providers: providers::build_all(cfg),
             tx,
@@ -193,7 +199,7 @@ impl Bridge {
         }
         // Read every waiting request: starts go first, then oldest first, so a
         // flood of status polls never starves a start.
-        let mut todo: Vec<(bool, i64, String, Result<Request, String>, i64)> = Vec::new();
+        let mut todo: Vec<Waiting> = Vec::new();
         for id in requests {
             if self.inflight.contains(&(run_id.to_string(), id.clone())) {
                 continue;
@@ -214,10 +220,10 @@ impl Bridge {
             };
             let is_start = matches!(&parsed, Ok(r) if r.operation == Operation::Start);
             let created = parsed.as_ref().map(|r| r.created_at).unwrap_or(mtime);
-            todo.push((!is_start, created, id, parsed, mtime));
+            todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
         }
-        todo.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
-        for (_, _, id, parsed, mtime) in todo {
+        todo.sort_by(|a, b| (a.later, a.created, &a.id).cmp(&(b.later, b.created, &b.id)));
+        for Waiting { id, parsed, mtime, .. } in todo {
             if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
                 capped |= self.inflight.len() >= MAX_INFLIGHT;
                 left += 1;
@@ -469,6 +475,15 @@ impl Bridge {
         self.launched.insert(run_id.to_string(), v);
         v
     }
+}
+
+/// A request file waiting in a sweep: starts first (`later` false), then oldest first.
+struct Waiting {
+    later: bool,
+    created: i64,
+    id: String,
+    parsed: Result<Request, String>,
+    mtime: i64,
 }
 
 /// One provider operation on a worker thread.

@@ -114,6 +114,8 @@ pub struct Daemon {
     bridge: bridge::Bridge,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
+    /// Queued runs whose control inbox is not watched yet (see `watch_still_queued`).
+    unwatched: Vec<String>,
     running: HashMap<String, Slot>,
     seq: u64,
     report: DaemonStatus,
@@ -203,6 +205,7 @@ impl Daemon {
             bridge,
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
+            unwatched: Vec::new(),
             running: HashMap::new(),
             seq: 0,
             report,
@@ -235,7 +238,7 @@ impl Daemon {
     /// finish interrupted publications.
     fn recover(&mut self) {
         let ctx = Ctx(&self.cfg);
-        spool::recover_rejected(&self.layout, &ctx);
+        spool::recover_rejected(&mut self.w, &self.layout, &ctx, self.previous_start - 60_000);
         self.sweep_temps();
         let Ok(rd) = std::fs::read_dir(self.layout.runs()) else { return };
         let mut queued: Vec<Status> = Vec::new();
@@ -283,7 +286,7 @@ impl Daemon {
                     self.running.insert(id.clone(), Slot { child: None });
                 }
                 _ => {
-                    if let Err(e) = supervisor::ensure_published(&mut self.w, &self.layout, &id) {
+                    if let Err(e) = supervisor::ensure_published_status(&mut self.w, &self.layout, &s) {
                         tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                     }
                 }
@@ -324,7 +327,7 @@ impl Daemon {
                 order: Reverse((s.queue.claimed_at, self.seq)),
                 run_id: s.run_id.clone(),
             });
-            self.watch.watch_control(&s.run_id);
+            self.unwatched.push(s.run_id.clone());
         }
     }
 
@@ -414,6 +417,7 @@ impl Daemon {
         }
         self.check_running();
         self.schedule();
+        self.watch_still_queued();
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
@@ -596,7 +600,7 @@ impl Daemon {
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
                         Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
-                        Ok(Some(_)) => supervisor::ensure_published(&mut self.w, &self.layout, &id),
+                        Ok(Some(s)) => supervisor::ensure_published_status(&mut self.w, &self.layout, &s),
                         Ok(None) => Ok(()),
                         Err(e) => Err(e),
                     };
@@ -640,6 +644,7 @@ impl Daemon {
                     tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
                     self.w.capacity_error(&dir, &e);
                     self.queued.insert(q.run_id.clone());
+                    self.unwatched.push(q.run_id.clone());
                     self.queue.push(q);
                     break;
                 }
@@ -648,6 +653,18 @@ impl Daemon {
                     // Leaves the run queued with no runner: the repair path records why.
                     self.running.insert(q.run_id.clone(), Slot { child: None });
                 }
+            }
+        }
+    }
+
+    /// Watch the control inbox of runs that stay queued, then look at it once for
+    /// what landed before the watch. Perf: a run started in the turn that claimed
+    /// it is never watched, saving two synchronous round trips to the watcher thread.
+    fn watch_still_queued(&mut self) {
+        for id in std::mem::take(&mut self.unwatched) {
+            if self.queued.contains(&id) {
+                self.watch.watch_control(&id);
+                self.control_queued(&id);
             }
         }
     }

@@ -480,10 +480,11 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
     Ok(())
 }
 
-/// At start: a rejected entry whose error file is missing (the daemon died
-/// between the two) gets one. Rejections are deterministic, so the reason is
-/// found again by re-checking the entry.
-pub fn recover_rejected(l: &Layout, ctx: &dyn Context) {
+/// At start, finish rejections cut short by a crash, for entries moved into
+/// rejected/ since `since_ms`: a missing error file is written again (the
+/// checks are deterministic, so re-checking finds the reason), and a missing
+/// `rejected` run for a body with a valid, unused run id is created.
+pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms: i64) {
     let Ok(rd) = std::fs::read_dir(l.rejected()) else { return };
     let names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
     let set: std::collections::HashSet<&String> = names.iter().collect();
@@ -491,20 +492,55 @@ pub fn recover_rejected(l: &Layout, ctx: &dyn Context) {
         if name.starts_with('.') || name.ends_with(".error.json") {
             continue;
         }
-        let (entry, err) = {
-            let stem = name.strip_suffix(".json").unwrap_or(name);
-            (l.rejected().join(name), format!("{stem}.error.json"))
-        };
-        if set.contains(&err) || err.len() > 255 {
+        let stem = name.strip_suffix(".json").unwrap_or(name);
+        let (entry, err) = (l.rejected().join(name), format!("{stem}.error.json"));
+        let Ok(md) = std::fs::symlink_metadata(&entry) else { continue };
+        // The rename into rejected/ set the ctime: older entries were settled by an earlier start.
+        if md.ctime() * 1000 + md.ctime_nsec() / 1_000_000 < since_ms || err.len() > 255 {
             continue;
         }
-        let r = recheck(&entry, name, ctx);
-        if let Err(e) = write_error_file(&l.rejected().join(&err), name, &r) {
-            tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
+        let r = if set.contains(&err) {
+            match fsutil::read_nofollow(&l.rejected().join(&err), 64 * 1024)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            {
+                Some(v) => Rejection::new(code_of(v["code"].as_str().unwrap_or("")), v["message"].as_str().unwrap_or("").to_string()),
+                None => continue,
+            }
         } else {
-            tracing::info!(request = %name, code = r.code, "wrote the missing rejection file");
+            let r = recheck(&entry, name, ctx);
+            match write_error_file(&l.rejected().join(&err), name, &r) {
+                Ok(()) => tracing::info!(request = %name, code = r.code, "wrote the missing rejection file"),
+                Err(e) => {
+                    tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
+                    continue;
+                }
+            }
+            r
+        };
+        if r.code == "duplicate-run-id" || check_entry(&entry, &md).is_err() {
+            continue;
+        }
+        let Ok(raw) = fsutil::read_nofollow(&entry, MAX_REQUEST_BYTES + 1) else { continue };
+        let Ok(body) = serde_json::from_slice::<Value>(&raw) else { continue };
+        let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)) else { continue };
+        if RunPaths::status(&l.run_dir(id)).exists() || RunPaths::request(&l.run_dir(id)).exists() {
+            continue;
+        }
+        match rejected_run(w, l, id, &body, &r) {
+            Ok(()) => tracing::info!(run_id = id, request = %name, "created the missing rejected run"),
+            Err(e) => tracing::warn!(run_id = id, error = %e, "could not create the missing rejected run"),
         }
     }
+}
+
+/// The static code string for a code read back from an error file.
+fn code_of(code: &str) -> &'static str {
+    const CODES: [&str; 11] = [
+        "bad-name", "not-regular-file", "bad-owner", "bad-permissions", "too-large", "invalid-json",
+        "unsupported-version", "invalid-field", "duplicate-run-id", "cwd-missing", "unknown-provider",
+    ];
+    CODES.iter().find(|c| **c == code).copied().unwrap_or("invalid-field")
 }
 
 fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {

@@ -3,7 +3,6 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -11,7 +10,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::protocol::status::{State, StepState};
+use crate::protocol::status::{State, Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use crate::store::{index, results, run, Layout, Writer};
@@ -37,10 +36,8 @@ pub fn spawn_runner(exe: &Path, run_dir: &Path) -> io::Result<Child> {
     for k in crate::runner::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
-    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(io::Error::from));
-    }
+    // Perf: no pre_exec hook, so std can use posix_spawn (vfork) instead of fork; the
+    // runner calls setsid() itself as its first act (runner::main).
     cmd.spawn()
 }
 
@@ -107,12 +104,18 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
 /// the daemon died between the status and the indexes): finish it again.
 pub fn ensure_published(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
     let Some(s) = run::read_status(&l.run_dir(run_id))? else { return Ok(()) };
+    ensure_published_status(w, l, &s)
+}
+
+/// `ensure_published` for a status the caller has just read (perf: start-up
+/// reads each of many terminal runs once, not twice).
+pub fn ensure_published_status(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()> {
     if s.state.is_active() {
         return Ok(());
     }
-    let marker = index::terminal_marker_path(l, &s);
-    if !marker.exists() || l.active().join(run_id).exists() {
-        results::finish_terminal(w, l, &s)?;
+    let marker = index::terminal_marker_path(l, s);
+    if !marker.exists() || l.active().join(&s.run_id).exists() {
+        results::finish_terminal(w, l, s)?;
     }
     Ok(())
 }

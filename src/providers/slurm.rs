@@ -145,6 +145,8 @@ impl Slurm {
         let args = vec!["-h".into(), "-t".into(), "all".into(), "-j".into(), id.into(), "-o".into(), "%i|%T|%r".into()];
         let (ok, out, err) = self.run("squeue", &args, deadline)?;
         let mut found = None;
+        // Errors other than "no such job" mean Slurm could not be asked.
+        let mut unreachable = (!ok && !err.contains("Invalid job id")).then(|| err.clone());
         if ok {
             if let Some(line) = out.lines().find(|l| l.split('|').next() == Some(id)) {
                 let f: Vec<&str> = line.split('|').collect();
@@ -156,11 +158,14 @@ impl Slurm {
         // The exit code of a finished job comes from scontrol, which also knows
         // jobs squeue has already dropped.
         if found.as_ref().is_none_or(|j| map_state(&j.state).is_some_and(|s| s.is_terminal())) {
-            let (ok, out, _) = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), id.into()], deadline)?;
+            let (ok, out, err) = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), id.into()], deadline)?;
             if ok {
+                unreachable = None;
                 if let Some(j) = parse_scontrol(&out).into_iter().find(|j| j.id == id) {
                     return Ok(Some(j));
                 }
+            } else if err.contains("Invalid job id") {
+                unreachable = None;
             }
         }
         if found.is_some() {
@@ -175,6 +180,9 @@ impl Slurm {
                     return Ok(Some(JobInfo { id: id.into(), state: f[1].into(), exit_code: Some(f[2].into()), reason: None, name: None, user: None }));
                 }
             }
+        }
+        if let Some(err) = unreachable {
+            return Err(self.cmd_error(&format!("squeue -j {id}"), &err));
         }
         Ok(None)
     }
@@ -380,6 +388,10 @@ impl Provider for Slurm {
             Ok((true, out, _)) if !out.trim().is_empty() => Ok(format!("sinfo: {}", out.lines().collect::<Vec<_>>().join("; "))),
             Ok((true, _, _)) => Err(format!("providers.{}: sinfo reports no partitions; configure one in slurm.conf", self.name)),
             Ok((false, _, err)) => Err(format!("providers.{}: sinfo failed: {}; is slurmctld running and SLURM_CONF right?", self.name, tail_text(&err, 400))),
+            Err(f) if f.code == "provider-timeout" => Err(format!(
+                "providers.{}: sinfo did not answer within 15 s; is slurmctld running and SLURM_CONF (or /etc/slurm/slurm.conf) right?",
+                self.name
+            )),
             Err(f) => Err(f.message),
         }
     }

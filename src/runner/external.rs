@@ -29,8 +29,9 @@ const RESPONSES: &str = "external-job-responses";
 const POLL: Duration = Duration::from_secs(1);
 /// How long to wait for answers once a stop is under way (the daemon may be down).
 const STOP_GRACE: Duration = Duration::from_secs(120);
-/// Consecutive failed status polls before the step gives up on the job.
-const MAX_STATUS_ERRORS: u32 = 5;
+/// Consecutive failed status polls before the step gives up on the job
+/// (about a minute: long enough to ride out a controller restart).
+const MAX_STATUS_ERRORS: u32 = 30;
 
 /// What the driver thread reports to the runner loop.
 pub(super) enum Event {
@@ -193,7 +194,7 @@ impl Runner {
         std::thread::Builder::new()
             .name(format!("external-{i}"))
             .spawn(move || d.run(plan))
-            .map_err(|e| eprintln!("cannot start the driver thread of step {i}: {e}"))
+            .map_err(|e| crate::note!("cannot start the driver thread of step {i}: {e}"))
             .ok()?;
         let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
         Some(Running {
@@ -356,8 +357,11 @@ impl Driver {
         let before = self.job.clone();
         self.job.insert("providerJobId".into(), json!(h.provider_job_id));
         self.job.insert("state".into(), json!(h.state.as_str()));
+        // A handle URL, once known, stays; failure fields follow the latest answer.
+        if let Some(u) = &h.handle_url {
+            self.job.insert("handleUrl".into(), json!(u));
+        }
         for (k, v) in [
-            ("handleUrl", &h.handle_url),
             ("failureCode", &h.failure_code),
             ("failureMessage", &h.failure_message),
             ("blockingJobId", &h.blocking_job_id),

@@ -177,7 +177,8 @@ pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
 /// Is the lock at `path` held by a live process? Taking it is the only proof
 /// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
 pub fn lock_held(path: &Path) -> io::Result<bool> {
-    let f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
+    // O_NONBLOCK: a FIFO planted as a lock file must not hang the caller.
+    let f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
@@ -186,8 +187,16 @@ pub fn lock_held(path: &Path) -> io::Result<bool> {
 }
 
 /// Read a small file without following a symlink, at most `max` bytes.
+/// Anything but a regular file (a FIFO, a device planted in its place) is
+/// refused without blocking.
 pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let f = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
+    }
     let mut buf = Vec::new();
     f.take(max).read_to_end(&mut buf)?;
     Ok(buf)
@@ -262,6 +271,19 @@ mod tests {
         std::fs::create_dir(d.path().join("dir")).unwrap();
         assert!(write_atomic(&d.path().join("dir"), b"x", false).is_err());
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+    #[test]
+    fn read_nofollow_refuses_fifos_and_symlinks_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(read_nofollow(&fifo, 10).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert!(!lock_held(&fifo).unwrap(), "a FIFO is no held lock, and checking it does not block");
+        std::fs::write(d.path().join("real"), b"x").unwrap();
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
+        assert!(read_nofollow(&d.path().join("link"), 10).is_err());
+        assert_eq!(read_nofollow(&d.path().join("real"), 10).unwrap(), b"x");
     }
     #[test]
     fn long_names_use_a_hashed_temp() {

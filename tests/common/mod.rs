@@ -407,7 +407,7 @@ impl TestEnv {
     }
 
     pub fn with_config(config: &str) -> TestEnv {
-        let tmp = tempfile::Builder::new().prefix("runspool-test-").tempdir().unwrap();
+        let tmp = tempfile::Builder::new().prefix("rsit-").tempdir().unwrap();
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
         let base = fs::canonicalize(tmp.path()).unwrap();
         let root = base.join("root");
@@ -893,6 +893,17 @@ impl TestEnv {
         );
     }
 
+    /// Fabricate the public result file of a fabricated run (from its status).
+    pub fn fabricate_result(&self, id: &str) {
+        let st = self.status(id).expect("fabricate_result needs a status");
+        let r = json!({
+            "id": id, "runId": id, "sessionId": st["sessionId"], "mode": st["mode"], "state": st["state"],
+            "success": st["state"] == "complete", "exitCode": st["exitCode"], "summary": "", "results": [],
+            "durationMs": 0, "timestamp": st["endedAt"], "asyncDir": self.run_dir(id).to_str().unwrap(), "cwd": st["cwd"]
+        });
+        write_file_mode(&self.result_path(id), r.to_string().as_bytes(), 0o600);
+    }
+
     // ---------------------------------------------------------------- consistency
 
     /// Assert the whole root is consistent (call it once everything has settled).
@@ -1168,7 +1179,7 @@ impl TestEnv {
         self.append_log("---- harness: starting daemon (custom command) ----\n");
         let log = OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         cmd.stdout(Stdio::from(log.try_clone().unwrap())).stderr(Stdio::from(log));
-        let child = cmd.spawn().expect("spawn runspool daemon");
+        let child = spawn_retrying_busy(&mut cmd);
         let pid = child.id() as i64;
         self.child = Some(child);
         self.wait_ready(pid);
@@ -1179,7 +1190,8 @@ impl TestEnv {
         let out_path = self.base().join(format!("{}.out", unique("daemon-refusal")));
         let out = File::create(&out_path).unwrap();
         let _ = fs::set_permissions(&out_path, fs::Permissions::from_mode(0o666));
-        let mut c = cmd.stdout(Stdio::from(out.try_clone().unwrap())).stderr(Stdio::from(out)).spawn().unwrap();
+        cmd.stdout(Stdio::from(out.try_clone().unwrap())).stderr(Stdio::from(out));
+        let mut c = spawn_retrying_busy(&mut cmd);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = c.try_wait().unwrap() {
@@ -1193,6 +1205,22 @@ impl TestEnv {
                 panic!("daemon was still running after {:?}; output:\n{}", timeout, fs::read_to_string(&out_path).unwrap_or_default());
             }
             std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+/// Spawn, retrying ETXTBSY: a binary copied moments ago may still be open for
+/// writing in a child that another test thread forked and has not exec'd yet.
+pub fn spawn_retrying_busy(cmd: &mut Command) -> Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Ok(c) => return c,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("spawn {:?}: {}", cmd.get_program(), e),
         }
     }
 }
@@ -1259,4 +1287,11 @@ impl TestEnv {
         self.append_log("---- harness: daemon exited ----\n");
         st.unwrap()
     }
+}
+
+/// Print a line that shows in `cargo test` output even when the test passes
+/// (the test harness captures `println!`/`eprintln!`, not the stderr handle).
+pub fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
