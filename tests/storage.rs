@@ -429,9 +429,10 @@ fn zero_inotify_limits_fall_back_to_polling() {
         return;
     }
     let mut env = TestEnv::new();
-    // Per-namespace inotify limits of zero: inotify_init fails inside, nothing changes outside.
+    // /proc/sys/user/max_inotify_instances is per user namespace: zero inside,
+    // untouched outside (fs.inotify.max_user_instances would be the host's own).
     let mut cmd = Command::new("unshare");
-    cmd.args(["-U", "-r", "sh", "-c", "echo 0 > /proc/sys/fs/inotify/max_user_instances && exec \"$0\" \"$@\""]);
+    cmd.args(["-U", "-r", "sh", "-c", "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$0\" \"$@\""]);
     cmd.arg(BIN).arg("daemon").arg("--root").arg(&env.root).arg("--config").arg(&env.config_path);
     cmd.env("XDG_CONFIG_HOME", env.base().join("xdg")).env("RUNSPOOL_LOG", "debug");
     env.start_daemon_command(cmd);
@@ -458,7 +459,7 @@ fn native_strategy_that_cannot_start_is_a_startup_error() {
     }
     let env = TestEnv::with_config("[watch]\nstrategy = \"native\"\n");
     let mut cmd = Command::new("unshare");
-    cmd.args(["-U", "-r", "sh", "-c", "echo 0 > /proc/sys/fs/inotify/max_user_instances && exec \"$0\" \"$@\""]);
+    cmd.args(["-U", "-r", "sh", "-c", "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$0\" \"$@\""]);
     cmd.arg(BIN).arg("daemon").arg("--root").arg(&env.root).arg("--config").arg(&env.config_path);
     let (st, out) = env.run_command_expect_exit(cmd, Duration::from_secs(30));
     assert!(!st.success());

@@ -1029,7 +1029,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("scale: {} terminal + {} active runs ...", args.runs, args.active);
             let res = scale(&env, args.runs, args.active, args.calls)?;
             report += &format!(
-                "### CLI with {} terminal runs and {} active runs on disk ({} calls each)\n\n",
+                "### CLI with {} terminal runs and {} active runs stored ({} calls each)\n\n",
                 args.runs, args.active, args.calls
             );
             report += "| command | p50 ms | p90 ms | max ms | files opened (beyond `--version`) |\n|---|---|---|---|---|\n";

@@ -121,6 +121,8 @@ pub struct Daemon {
     report: DaemonStatus,
     last_report_write: Instant,
     spool_dirty: bool,
+    watch_failed: Option<String>,
+    spool_backlog: std::collections::VecDeque<String>,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
@@ -211,6 +213,8 @@ impl Daemon {
             report,
             last_report_write: Instant::now(),
             spool_dirty: true,
+            watch_failed: None,
+            spool_backlog: Default::default(),
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
@@ -340,8 +344,10 @@ impl Daemon {
             match self.rx.recv_timeout(timeout) {
                 Ok(h) => {
                     self.hint(h);
-                    // Drain what else arrived: many events, one rescan.
-                    while let Ok(h) = self.rx.try_recv() {
+                    // Drain what else arrived (many events, one scan), bounded so a
+                    // flood of hints can never keep the loop from its turn.
+                    for _ in 0..4096 {
+                        let Ok(h) = self.rx.try_recv() else { break };
                         self.hint(h);
                     }
                 }
@@ -375,13 +381,16 @@ impl Daemon {
         match h {
             Hint::Spool => self.spool_dirty = true,
             Hint::Control(id) => self.control_queued(&id),
+            // Both are handled once in the next turn, however many arrive.
             Hint::Rescan(why) => {
-                tracing::info!(reason = %why, "full rescan");
-                self.rescan();
+                if self.next_rescan > Instant::now() {
+                    tracing::debug!(reason = %why, "full rescan");
+                }
+                self.next_rescan = Instant::now();
             }
             Hint::WatchFailed(why) => {
-                self.watch.replace(&why);
-                self.rescan();
+                self.watch_failed = Some(why);
+                self.next_rescan = Instant::now();
             }
             Hint::Bridge(run_id) => self.bridge.hint(run_id),
             Hint::BridgeDone { run_id, id, retry } => self.bridge.done(run_id, id, retry),
@@ -401,6 +410,9 @@ impl Daemon {
         let now = Instant::now();
         if !self.w.is_idle() {
             self.w.flush();
+        }
+        if let Some(why) = self.watch_failed.take() {
+            self.watch.replace(&why);
         }
         if now >= self.next_rescan {
             self.rescan();
@@ -472,11 +484,59 @@ impl Daemon {
         self.low_space.is_none() && self.w.is_idle()
     }
 
+    /// Claim from the spool. One listing (sorted oldest first) feeds a
+    /// backlog that is worked off `CLAIMS_PER_TURN` entries per loop turn, so
+    /// a flood of 20,000 files costs one readdir, not one per turn, and the
+    /// scheduler and liveness checks still run in between.
     fn scan_spool(&mut self) {
         self.spool_dirty = false;
         if !self.storage_ok() {
             return;
         }
+        let fresh = self.spool_backlog.is_empty();
+        if fresh {
+            self.list_spool();
+        }
+        let mut later = false;
+        let mut done = 0;
+        let ctx_cfg = self.cfg.clone();
+        let ctx = Ctx(&ctx_cfg);
+        while done < CLAIMS_PER_TURN {
+            let Some(name) = self.spool_backlog.pop_front() else { break };
+            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
+            match outcome {
+                Outcome::Claimed(s) => {
+                    done += 1;
+                    self.enqueue(&s);
+                    if !self.w.is_idle() {
+                        // Its status is only in memory: stop claiming until storage recovers.
+                        later = true;
+                        break;
+                    }
+                }
+                Outcome::Rejected => done += 1,
+                Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
+                Outcome::Capacity(e) => {
+                    tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
+                    self.w.capacity_error(&self.layout.spool().join(&name), &e);
+                    self.spool_backlog.push_front(name);
+                    later = true;
+                    break;
+                }
+            }
+        }
+        if !self.spool_backlog.is_empty() && self.w.is_idle() {
+            self.spool_dirty = true;
+        }
+        // Busy or half-written entries: look again shortly.
+        if later {
+            self.spool_retry_at = Some(Instant::now() + Duration::from_millis(500));
+        } else if fresh {
+            self.spool_retry_at = None;
+        }
+    }
+
+    fn list_spool(&mut self) {
         let Ok(rd) = std::fs::read_dir(self.layout.spool()) else { return };
         let mut names: Vec<(i64, String)> = Vec::new();
         for e in rd.flatten() {
@@ -501,38 +561,7 @@ impl Daemon {
         }
         // Oldest first, so claim order follows publication order.
         names.sort();
-        let mut later = false;
-        let mut done = 0;
-        let ctx_cfg = self.cfg.clone();
-        let ctx = Ctx(&ctx_cfg);
-        for (_, name) in names {
-            if done >= CLAIMS_PER_TURN {
-                self.spool_dirty = true;
-                break;
-            }
-            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
-            match outcome {
-                Outcome::Claimed(s) => {
-                    done += 1;
-                    self.enqueue(&s);
-                    if !self.w.is_idle() {
-                        // Its status is only in memory: stop claiming until storage recovers.
-                        later = true;
-                        break;
-                    }
-                }
-                Outcome::Rejected => done += 1,
-                Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
-                Outcome::Capacity(e) => {
-                    tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
-                    self.w.capacity_error(&self.layout.spool().join(&name), &e);
-                    later = true;
-                    break;
-                }
-            }
-        }
-        // Busy or half-written entries: look again shortly.
-        self.spool_retry_at = later.then(|| Instant::now() + Duration::from_millis(500));
+        self.spool_backlog = names.into_iter().map(|(_, n)| n).collect();
     }
 
     /// Act on the control inbox of a run that is still queued: it never starts

@@ -309,6 +309,11 @@ fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
                 }
             }
         }
+        // An error about one path (a dangling symlink the poller cannot stat)
+        // only calls for a rescan; an error of the watcher itself replaces it.
+        Err(e) if !e.paths.is_empty() => {
+            let _ = tx.send(Hint::Rescan(format!("watcher error: {e}")));
+        }
         Err(e) => {
             let _ = tx.send(Hint::WatchFailed(describe(&e)));
         }

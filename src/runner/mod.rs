@@ -524,11 +524,12 @@ impl Runner {
             Some(Halt::Interrupt) => self.ev("subagent.run.paused", json!({"message": self.halt_reason})),
             None => {}
         }
-        self.save();
+        // The event goes first: a reader that sees the terminal status finds the whole story.
         self.ev(
             "subagent.run.completed",
             json!({"status": state.as_str(), "durationMs": duration, "exitCode": self.status.exit_code}),
         );
+        self.save();
         if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.status) {
             crate::note!("publishing the run's indexes and result failed: {e}");
         }

@@ -46,7 +46,7 @@ pub fn update_status(
     if was_terminal && new.state.is_active() {
         return Ok(base);
     }
-    new.last_update = crate::now_ms().max(new.last_update + 1);
+    new.last_update = crate::now_ms().max(new.last_update.saturating_add(1));
     let durable = !new.state.is_active();
     let bytes = serde_json::to_vec_pretty(&new).map_err(io::Error::other)?;
     w.write(&path, bytes, durable)?;

@@ -756,7 +756,10 @@ impl TestEnv {
         let mut last = None;
         let ok = poll_until(timeout, || {
             last = self.status(id);
+            // The result file lands just after the terminal status (PROTOCOL §7):
+            // a run is settled for a client once both are there.
             last.as_ref().and_then(|s| s["state"].as_str()).map(is_terminal_state).unwrap_or(false)
+                && self.result_path(id).exists()
         });
         if !ok {
             panic!(
