@@ -146,12 +146,9 @@ fn hostile_corpus_is_rejected_and_nothing_else_happens() {
 }
 
 /// The same with the polling watcher (network filesystems, no inotify left).
-/// Ignored until the daemon stops livelocking here: the poll watcher reports
-/// the dangling-symlink entry as an error, the daemon replaces the watcher,
-/// whose first scan reports it again, all inside one hint-drain loop, so the
-/// spool is never scanned and nothing is claimed. Run with `--ignored`.
+/// The poller reports the dangling-symlink entry as an error on every pass;
+/// that must stay a rescan hint and never starve the claim loop.
 #[test]
-#[ignore = "daemon livelock: poll watcher error on a dangling spool symlink triggers endless watcher replacement"]
 fn hostile_corpus_with_the_poll_watcher() {
     run_corpus(&format!("{DEFAULT_CONFIG}strategy = \"poll\"\npoll_interval_ms = 100\n"));
 }
