@@ -236,10 +236,12 @@ fn full_disk_scenario(env: &mut TestEnv, filler_dir: &Path, fill_fn: &dyn Fn(&Pa
     }
     // Let the daemon meet the full disk for a while.
     std::thread::sleep(Duration::from_secs(4));
+    let total = filler.len();
     let mut rest = filler;
     rest.reverse(); // smallest first: space comes back slowly at first
     while !rest.is_empty() {
-        let k = rest.len().min(4);
+        // About forty steps back to an empty filesystem, however many files filled it.
+        let k = rest.len().min((total / 40).max(4));
         for p in rest.drain(..k) {
             fs::remove_file(p).unwrap();
         }

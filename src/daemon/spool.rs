@@ -234,8 +234,16 @@ impl Claimer<'_> {
             }
             e
         };
+        // Every file the run will need is created now, while the claim can
+        // still back off: a runner started when inodes have run out must not
+        // die for want of its lock file or its step's log.
+        let steps = req.flat_steps().len();
         let prep = mkdir_private(&RunPaths::control(&dir))
             .and_then(|_| fsutil::touch(&RunPaths::status_lock(&dir)))
+            .and_then(|_| fsutil::touch(&RunPaths::runner_lock(&dir)))
+            .and_then(|_| fsutil::touch(&dir.join("runner.stdout.log")))
+            .and_then(|_| fsutil::touch(&dir.join("runner.stderr.log")))
+            .and_then(|_| (0..steps).try_for_each(|i| fsutil::touch(&RunPaths::output(&dir, i))))
             .map_err(undo);
         if let Err(e) = prep {
             return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
@@ -417,7 +425,7 @@ fn reject_entry_seen(
         }
     }
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    write_error_file(&err, &file, r)?;
+    write_error_file(w, &err, &file, r)?;
     tracing::warn!(request = name, code = r.code, "rejected: {}", r.message);
     if let Some((run_id, body)) = run {
         // Not `exists()`: a dangling symlink there must not be written through.
@@ -428,17 +436,17 @@ fn reject_entry_seen(
     Ok(true)
 }
 
-fn write_error_file(err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
+/// Through the writer: on a full disk the entry is already in rejected/ and
+/// its error file must follow as soon as space returns. Not fsynced: a lost
+/// error file is rewritten at the next start (recover_rejected).
+fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
     let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
-    // Not fsynced: the rename into rejected/ already happened, and a lost
-    // error file is rewritten at the next start (recover_rejected).
-    fsutil::write_atomic(err, &serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
+    w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
 }
 
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
 fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
     let dir = l.run_dir(run_id);
-    mkdir_private(&dir)?;
     let now = crate::now_ms();
     let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_string);
     let mode = match body.get("steps").and_then(Value::as_array).map(|a| a.as_slice()) {
@@ -473,11 +481,28 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
         steps: vec![],
         extra: Default::default(),
     };
-    let s = results::write_terminal(w, l, run_id, |cur| if cur.is_some() { None } else { Some(status) })?;
-    if s.is_some_and(|s| s.state == State::Rejected) {
-        run::event(w, &dir, run_id, "subagent.run.rejected", json!({"code": r.code, "message": r.message}));
-    }
-    Ok(())
+    // One idempotent operation, retried by the writer while storage is full:
+    // the entry is already in rejected/, so the run must follow.
+    let (l, run_id, code, message) = (l.clone(), run_id.to_string(), r.code, r.message.clone());
+    w.then(
+        format!("rejected run {run_id}"),
+        Box::new(move || {
+            mkdir_private(&dir)?;
+            match run::read_status(&dir)? {
+                Some(cur) if cur.state != State::Rejected => return Ok(()), // not ours to touch
+                Some(_) => {}
+                None => {
+                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
+                    let mut ev = Writer::new();
+                    run::event(&mut ev, &dir, &run_id, "subagent.run.rejected", json!({"code": code, "message": message}));
+                }
+            }
+            results::publish_result(&l, &status)?;
+            index::unmark_active(&l, &run_id, status.tool_call_id.as_deref())?;
+            index::mark_terminal(&l, &status)
+        }),
+    )
 }
 
 /// At start, finish rejections cut short by a crash, for entries moved into
@@ -509,7 +534,7 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
             }
         } else {
             let r = recheck(&entry, name, ctx);
-            match write_error_file(&l.rejected().join(&err), name, &r) {
+            match write_error_file(w, &l.rejected().join(&err), name, &r) {
                 Ok(()) => tracing::info!(request = %name, code = r.code, "wrote the missing rejection file"),
                 Err(e) => {
                     tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
