@@ -113,7 +113,9 @@ pub fn run_processes_in_group(pgid: u32, run_id: &str) -> Vec<u32> {
 pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
     let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
     let bytes = (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64);
-    let files = s.files_available() as u64;
+    // btrfs and others allocate inodes dynamically and report 0 total and 0
+    // free: that means "no limit", not "none left".
+    let files = if s.files() == 0 { u64::MAX } else { s.files_available() as u64 };
     Ok((bytes, files))
 }
 
