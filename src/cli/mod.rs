@@ -138,6 +138,9 @@ fn init_logging(default: &str) {
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        // On a full disk a runner's stderr (a file) cannot be written: the
+        // default would report that with eprintln!, which panics.
+        .log_internal_errors(false)
         .try_init();
 }
 

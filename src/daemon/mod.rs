@@ -620,7 +620,13 @@ impl Daemon {
             if let Some(child) = slot.child.as_mut() {
                 match child.try_wait() {
                     Ok(None) => continue, // our child, still alive
-                    Ok(Some(_)) | Err(_) => slot.child = None,
+                    Ok(Some(st)) => {
+                        if !st.success() {
+                            tracing::warn!(run_id = %id, status = %st, "runner exited abnormally");
+                        }
+                        slot.child = None;
+                    }
+                    Err(_) => slot.child = None,
                 }
             }
             let dir = self.layout.run_dir(&id);
