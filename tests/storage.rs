@@ -415,14 +415,17 @@ fn runner_under_a_file_descriptor_limit_still_records_its_end() {
     env.wait_state(&id, "running");
     let pid = runner_pid(&env, &id);
     // Drop the runner's open-file limit below what it has open: every new open fails with EMFILE.
-    let out = sh(&format!("prlimit --pid {pid} --nofile=3:3"));
+    // Only the soft limit: raising a hard limit again needs CAP_SYS_RESOURCE.
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: String = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().split_whitespace().nth(3).unwrap().to_string();
+    let out = sh(&format!("prlimit --pid {pid} --nofile=3:"));
     assert!(out.status.success(), "prlimit: {}", String::from_utf8_lossy(&out.stderr));
     fs::write(&flag, b"").unwrap();
     std::thread::sleep(Duration::from_secs(5));
     assert!(process_alive(pid), "the runner gave up under EMFILE");
     assert_eq!(env.state(&id).as_deref(), Some("running"), "a terminal write got through under EMFILE?");
-    let out = sh(&format!("prlimit --pid {pid} --nofile=1024:1024"));
-    assert!(out.status.success());
+    let out = sh(&format!("prlimit --pid {pid} --nofile={soft}:"));
+    assert!(out.status.success(), "prlimit: {}", String::from_utf8_lossy(&out.stderr));
     let st = env.wait_terminal(&id);
     assert_eq!(st["state"], "failed");
     assert_eq!(st["exitCode"], 5);
