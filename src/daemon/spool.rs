@@ -130,7 +130,7 @@ impl Claimer<'_> {
                 return Outcome::Later;
             }
         };
-        let seen = Some((md.dev(), md.ino()));
+        let seen = Some(FileId::of(&md));
         if let Err(r) = check_entry(&path, &md) {
             return self.reject_seen(&path, name, r, None, seen);
         }
@@ -145,7 +145,7 @@ impl Claimer<'_> {
             Err(_) => return Outcome::Later, // replaced or removed meanwhile: look again
         };
         let Ok(fmd) = file.metadata() else { return Outcome::Later };
-        if fmd.dev() != md.dev() || fmd.ino() != md.ino() {
+        if !FileId::of(&fmd).same(&FileId::of(&md)) {
             return Outcome::Later;
         }
         // Step 3: the writer may still hold it.
@@ -288,7 +288,7 @@ impl Claimer<'_> {
 
     /// `reject` of the file identified by `seen` (device, inode): if the name
     /// was replaced meanwhile, the newcomer goes back to the spool instead.
-    fn reject_seen(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>, seen: Option<(u64, u64)>) -> Outcome {
+    fn reject_seen(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>, seen: Option<FileId>) -> Outcome {
         match reject_entry_seen(self.w, self.layout, path, name, &r, run, seen) {
             Ok(true) => Outcome::Rejected,
             Ok(false) => Outcome::Later,
@@ -360,9 +360,30 @@ pub fn reject_entry(
     reject_entry_seen(w, l, path, name, r, run, None).map(|_| ())
 }
 
+/// Which file a spool entry is, to notice one replaced under us. FUSE
+/// filesystems may report a different inode number for the same file on
+/// each lookup, so when the inode differs on the same device, an equal size
+/// and mtime (which a rename keeps) count as the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileId {
+    pub fn of(md: &std::fs::Metadata) -> FileId {
+        FileId { dev: md.dev(), ino: md.ino(), size: md.len(), mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128 }
+    }
+    pub fn same(&self, o: &FileId) -> bool {
+        self.dev == o.dev && (self.ino == o.ino || (self.size == o.size && self.mtime_ns == o.mtime_ns))
+    }
+}
+
 /// Does `path` (not followed) name the same file as `md`?
 fn same_file(path: &Path, md: &std::fs::Metadata) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == md.dev() && m.ino() == md.ino())
+    std::fs::symlink_metadata(path).is_ok_and(|m| FileId::of(&m).same(&FileId::of(md)))
 }
 
 /// Put an entry that was replaced under us back into the spool, under its
@@ -394,7 +415,7 @@ fn reject_entry_seen(
     name: &str,
     r: &Rejection,
     run: Option<(String, Value)>,
-    seen: Option<(u64, u64)>,
+    seen: Option<FileId>,
 ) -> io::Result<bool> {
     // rejected/ must be a real directory of ours, or the move could leave the root.
     let rd = std::fs::symlink_metadata(l.rejected())?;
@@ -416,9 +437,9 @@ fn reject_entry_seen(
         }
         n += 1;
     };
-    if let Some((dev, ino)) = seen {
+    if let Some(id) = seen {
         let now = std::fs::symlink_metadata(&entry)?;
-        if now.dev() != dev || now.ino() != ino {
+        if !FileId::of(&now).same(&id) {
             tracing::warn!(request = name, "spool entry replaced while being rejected; it gets a fresh look");
             republish(&entry, &l.spool(), name)?;
             return Ok(false);

@@ -67,9 +67,28 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         }
     };
     if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Filesystems without the flag (FUSE, some network filesystems):
+        // link + unlink fails on an existing target just the same.
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => {
+            if unsafe { libc::link(a.as_ptr(), b.as_ptr()) } == 0 {
+                return if unsafe { libc::unlink(a.as_ptr()) } == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+            }
+            let le = io::Error::last_os_error();
+            if le.raw_os_error() == Some(libc::EEXIST) {
+                return Err(le);
+            }
+            // No hard links either: check, then rename. Only the daemon renames
+            // into run and rejected directories, so nobody races the check.
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(io::Error::from_raw_os_error(libc::EEXIST));
+            }
+            std::fs::rename(from, to)
+        }
+        _ => Err(e),
     }
 }
 
