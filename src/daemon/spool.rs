@@ -520,8 +520,8 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
                 }
             }
             results::publish_result(&l, &status)?;
-            index::unmark_active(&l, &run_id, status.tool_call_id.as_deref())?;
-            index::mark_terminal(&l, &status)
+            index::mark_terminal(&l, &status)?;
+            index::unmark_active(&l, &run_id, status.tool_call_id.as_deref())
         }),
     )
 }

@@ -96,12 +96,13 @@ pub fn finish_terminal(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()>
     let (l, s) = (l.clone(), s.clone());
     w.then(
         format!("finish {}", s.run_id),
-        // The terminal marker goes last: its presence is how a restart knows
-        // the result was published (ensure_published).
+        // The result first, then the terminal marker (its presence tells a
+        // restart the result was published), and the active marker last, so a
+        // terminal run is never missing from both indexes.
         Box::new(move || {
             publish_result(&l, &s)?;
-            index::unmark_active(&l, &s.run_id, s.tool_call_id.as_deref())?;
-            index::mark_terminal(&l, &s)
+            index::mark_terminal(&l, &s)?;
+            index::unmark_active(&l, &s.run_id, s.tool_call_id.as_deref())
         }),
     )
 }
