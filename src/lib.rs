@@ -23,6 +23,7 @@ pub mod platform;
 pub mod protocol;
 pub mod providers;
 pub mod runner;
+pub mod service;
 pub mod store;
 
 /// Milliseconds since the Unix epoch, the only clock the protocol uses.

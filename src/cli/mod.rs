@@ -86,6 +86,9 @@ enum Cmd {
         #[arg(long)]
         interrupt: bool,
     },
+    /// Install and control the daemon as a user service (systemd --user or launchd)
+    #[command(subcommand)]
+    Service(ServiceCmd),
     /// Check the root, the daemon, watching, free space, the service and providers
     Doctor {
         /// Config file to check (default: $XDG_CONFIG_HOME/runspool/config.toml)
@@ -109,6 +112,32 @@ enum Cmd {
         #[arg(long, value_name = "N")]
         step: Option<usize>,
         /// Keep printing new output until the run ends
+        #[arg(short, long)]
+        follow: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ServiceCmd {
+    /// Write the unit (or plist) for this binary and root, and enable it
+    Install {
+        /// Config file the service's daemon reads
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Disable and remove the unit (runs keep running)
+    Uninstall,
+    /// Start the service
+    Start,
+    /// Stop the service (runs keep running)
+    Stop,
+    /// Restart the service (runs keep running and are re-adopted)
+    Restart,
+    /// Show the service manager's view, with the daemon's STATUS line
+    Status,
+    /// Show the daemon's log (journalctl --user -u runspool)
+    Logs {
+        /// Keep printing new lines
         #[arg(short, long)]
         follow: bool,
     },
@@ -185,6 +214,19 @@ pub fn main() -> i32 {
                 Cmd::Wait { run, timeout } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None)),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow } => inspect::logs(&layout, &run, step, follow),
+                Cmd::Service(sc) => match sc {
+                    ServiceCmd::Install { config } => {
+                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+                        let root = cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+                        crate::service::install(root.as_deref(), config.as_deref())
+                    }
+                    ServiceCmd::Uninstall => crate::service::uninstall(),
+                    ServiceCmd::Start => crate::service::control("start"),
+                    ServiceCmd::Stop => crate::service::control("stop"),
+                    ServiceCmd::Restart => crate::service::control("restart"),
+                    ServiceCmd::Status => crate::service::control("status"),
+                    ServiceCmd::Logs { follow } => crate::service::logs(follow),
+                },
                 Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } => unreachable!(),
             };
             match r {

@@ -1,0 +1,220 @@
+//! `runspool service ...`: install the daemon as a systemd user service
+//! (Linux) or a launchd agent (macOS) for the current binary and root, and
+//! wrap `systemctl --user` / `launchctl` / `journalctl` so nobody has to
+//! remember them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context as _};
+
+pub const UNIT_NAME: &str = "runspool.service";
+pub const LAUNCHD_LABEL: &str = "dev.runspool.daemon";
+
+/// The daemon's command line: the current binary, `daemon`, and the root and
+/// config given to `install` (none: the defaults the daemon resolves itself).
+pub fn daemon_args(exe: &Path, root: Option<&Path>, config: Option<&Path>) -> Vec<String> {
+    let mut a = vec![exe.display().to_string(), "daemon".to_string()];
+    if let Some(r) = root {
+        a.push("--root".into());
+        a.push(r.display().to_string());
+    }
+    if let Some(c) = config {
+        a.push("--config".into());
+        a.push(c.display().to_string());
+    }
+    a
+}
+
+/// Quote one argument for a systemd `ExecStart=` line.
+fn systemd_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-=:+,@".contains(c)) {
+        s.to_string()
+    } else {
+        format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"").replace('%', "%%").replace('$', "$$"))
+    }
+}
+
+/// The user unit, the same as systemd/runspool.service with ExecStart filled in.
+pub fn render_unit(args: &[String]) -> String {
+    let template = include_str!("../../systemd/runspool.service");
+    let exec: Vec<String> = args.iter().map(|a| systemd_quote(a)).collect();
+    template
+        .lines()
+        .map(|l| if l.starts_with("ExecStart=") { format!("ExecStart={}", exec.join(" ")) } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// The LaunchAgent plist, the same as launchd/ with the program and log path filled in.
+pub fn render_plist(args: &[String], log: &Path) -> String {
+    let template = include_str!("../../launchd/dev.runspool.daemon.plist");
+    let program: String = args.iter().map(|a| format!("    <string>{}</string>\n", xml_escape(a))).collect();
+    let start = template.find("  <key>ProgramArguments</key>").expect("template has ProgramArguments");
+    let end = template[start..].find("</array>").map(|i| start + i + "</array>\n".len()).expect("template closes the array");
+    let mut out = String::new();
+    out.push_str(&template[..start]);
+    out.push_str("  <key>ProgramArguments</key>\n  <array>\n");
+    out.push_str(&program);
+    out.push_str("  </array>\n");
+    out.push_str(&template[end..]);
+    out.replace("<string>/tmp/runspool.stderr.log</string>", &format!("<string>{}</string>", xml_escape(&log.display().to_string())))
+}
+
+fn home() -> anyhow::Result<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set; runspool service needs your home directory")
+}
+
+pub fn unit_path() -> anyhow::Result<PathBuf> {
+    let base = match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => PathBuf::from(x),
+        None => home()?.join(".config"),
+    };
+    Ok(base.join("systemd/user").join(UNIT_NAME))
+}
+
+fn plist_path() -> anyhow::Result<PathBuf> {
+    Ok(home()?.join("Library/LaunchAgents").join(format!("{LAUNCHD_LABEL}.plist")))
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<i32> {
+    let shown = format!("{cmd:?}");
+    let st = cmd.status().with_context(|| format!("cannot run {shown}; is it installed and on PATH?"))?;
+    Ok(st.code().unwrap_or(1))
+}
+
+fn must(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    match run(cmd)? {
+        0 => Ok(()),
+        c => bail!("{shown} exited with {c}"),
+    }
+}
+
+fn systemctl(args: &[&str]) -> Command {
+    let mut c = Command::new("systemctl");
+    c.arg("--user").args(args);
+    c
+}
+
+fn linger_off() -> Option<String> {
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten()?;
+    (!Path::new("/var/lib/systemd/linger").join(&user.name).exists()).then_some(user.name)
+}
+
+fn launchd_domain() -> String {
+    format!("gui/{}", nix::unistd::getuid())
+}
+
+pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("cannot find the runspool binary's own path")?;
+    let args = daemon_args(&exe, root, config);
+    if cfg!(target_os = "macos") {
+        let log_dir = home()?.join("Library/Logs/runspool");
+        std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create {}", log_dir.display()))?;
+        let path = plist_path()?;
+        std::fs::create_dir_all(path.parent().unwrap()).ok();
+        std::fs::write(&path, render_plist(&args, &log_dir.join("runspool.log"))).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("runspool: wrote {}", path.display());
+        must(Command::new("launchctl").args(["bootstrap", &launchd_domain()]).arg(&path))?;
+        eprintln!("runspool: loaded {LAUNCHD_LABEL}; logs in {}", log_dir.display());
+        return Ok(0);
+    }
+    let path = unit_path()?;
+    std::fs::create_dir_all(path.parent().unwrap()).with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
+    std::fs::write(&path, render_unit(&args)).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("runspool: wrote {}", path.display());
+    must(&mut systemctl(&["daemon-reload"]))?;
+    must(&mut systemctl(&["enable", UNIT_NAME]))?;
+    eprintln!("runspool: enabled; start it with `runspool service start` (or `systemctl --user start runspool`)");
+    if let Some(user) = linger_off() {
+        eprintln!(
+            "runspool: warning: lingering is off, so the service stops when you log out; keep it running with: loginctl enable-linger {user}"
+        );
+    }
+    Ok(0)
+}
+
+pub fn uninstall() -> anyhow::Result<i32> {
+    if cfg!(target_os = "macos") {
+        let path = plist_path()?;
+        let _ = run(Command::new("launchctl").args(["bootout", &format!("{}/{LAUNCHD_LABEL}", launchd_domain())]));
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+        eprintln!("runspool: removed {} (runs keep running)", path.display());
+        return Ok(0);
+    }
+    let path = unit_path()?;
+    let _ = run(&mut systemctl(&["disable", "--now", UNIT_NAME]));
+    if path.exists() {
+        std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    }
+    let _ = run(&mut systemctl(&["daemon-reload"]));
+    eprintln!("runspool: removed {} (runs keep running: KillMode=process)", path.display());
+    Ok(0)
+}
+
+/// start, stop, restart, status.
+pub fn control(verb: &str) -> anyhow::Result<i32> {
+    if cfg!(target_os = "macos") {
+        let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain());
+        return match verb {
+            "start" => run(Command::new("launchctl").args(["kickstart", &target])),
+            "restart" => run(Command::new("launchctl").args(["kickstart", "-k", &target])),
+            "stop" => run(Command::new("launchctl").args(["kill", "SIGTERM", &target])),
+            _ => run(Command::new("launchctl").args(["print", &target])),
+        };
+    }
+    run(&mut systemctl(&[verb, UNIT_NAME]))
+}
+
+pub fn logs(follow: bool) -> anyhow::Result<i32> {
+    if cfg!(target_os = "macos") {
+        let log = home()?.join("Library/Logs/runspool/runspool.log");
+        let mut c = Command::new("tail");
+        c.args(if follow { vec!["-n", "100", "-F"] } else { vec!["-n", "100"] }).arg(&log);
+        return run(&mut c);
+    }
+    let mut c = Command::new("journalctl");
+    c.args(["--user", "-u", UNIT_NAME, "--no-pager"]);
+    if follow {
+        c.arg("-f");
+    }
+    run(&mut c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_has_the_binary_root_and_config() {
+        let args = daemon_args(Path::new("/opt/run spool/bin/runspool"), Some(Path::new("/home/a/rs")), Some(Path::new("/home/a/c.toml")));
+        let unit = render_unit(&args);
+        assert!(unit.contains("ExecStart=\"/opt/run spool/bin/runspool\" daemon --root /home/a/rs --config /home/a/c.toml\n"), "{unit}");
+        assert!(unit.contains("Type=notify") && unit.contains("KillMode=process") && unit.contains("WatchdogSec="));
+        assert_eq!(unit.matches("ExecStart=").count(), 1);
+    }
+
+    #[test]
+    fn systemd_specials_are_escaped() {
+        assert_eq!(systemd_quote("/usr/bin/runspool"), "/usr/bin/runspool");
+        assert_eq!(systemd_quote("50%$x"), "\"50%%$$x\"");
+    }
+
+    #[test]
+    fn plist_has_the_program_and_log() {
+        let args = daemon_args(Path::new("/usr/local/bin/runspool"), None, None);
+        let p = render_plist(&args, Path::new("/Users/a/Library/Logs/runspool/runspool.log"));
+        assert!(p.contains("<string>/usr/local/bin/runspool</string>\n    <string>daemon</string>\n  </array>"), "{p}");
+        assert!(p.contains("<string>/Users/a/Library/Logs/runspool/runspool.log</string>"));
+        assert!(p.contains("AbandonProcessGroup") && p.contains("RunAtLoad"));
+        assert_eq!(p.matches("<key>ProgramArguments</key>").count(), 1);
+    }
+}
