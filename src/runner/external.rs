@@ -9,7 +9,7 @@
 //! without a job id fails with `start-redispatch-blocked`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -150,14 +150,14 @@ impl Runner {
                 ej.insert("failureCode".into(), json!(code));
                 ej.insert("failureMessage".into(), json!(msg));
                 ej.insert("updatedAt".into(), json!(now));
-                self.fail_external(i, &agent, &out, Value::Object(ej), format!("{code}: {msg}"));
+                self.fail_unstarted(i, &agent, &out, 1, format!("{code}: {msg}"), Some(Value::Object(ej)));
                 return None;
             }
         };
         for d in [REQUESTS, RESPONSES] {
             if let Err(e) = fsutil::mkdir_private(&self.dir.join(d)) {
                 let msg = format!("cannot create {}: {e}; check the run directory's permissions and free space", self.dir.join(d).display());
-                self.fail_external(i, &agent, &out, Value::Object(ej), msg);
+                self.fail_unstarted(i, &agent, &out, 1, msg, Some(Value::Object(ej)));
                 return None;
             }
         }
@@ -205,21 +205,6 @@ impl Runner {
             timed_out: false,
             external: Some(Control { tx: ctx, sent: false }),
         })
-    }
-
-    fn fail_external(&mut self, i: usize, agent: &str, out: &Path, job: Value, msg: String) {
-        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-        let _ = fsutil::append_line(out, format!("runspool: {msg}").as_bytes());
-        let st = &mut self.status.steps[i];
-        st.status = StepState::Failed;
-        st.exit_code = Some(1);
-        st.error = Some(msg);
-        st.ended_at = Some(crate::now_ms());
-        st.duration_ms = Some(0);
-        st.external_job = Some(job.clone());
-        self.save();
-        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
-        self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": 1, "durationMs": 0}));
     }
 
     /// A message from a driver thread.

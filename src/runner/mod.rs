@@ -379,19 +379,31 @@ impl Runner {
                 Some(Running { pid, started, deadline, escalate: None, timed_out: false, external: None })
             }
             Err(msg) => {
-                self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-                let _ = fsutil::append_line(&out_path, format!("runspool: {msg}").as_bytes());
-                let st = &mut self.status.steps[i];
-                st.status = StepState::Failed;
-                st.exit_code = Some(127);
-                st.error = Some(msg);
-                st.ended_at = Some(crate::now_ms());
-                st.duration_ms = Some(0);
-                self.save();
-                self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": 127, "durationMs": 0}));
+                self.fail_unstarted(i, &agent, &out_path, 127, msg, None);
                 None
             }
         }
+    }
+
+    /// A step that could not start: its reason goes to its log and status,
+    /// with `code` as its exit code (and the external job's record, if any).
+    pub(crate) fn fail_unstarted(&mut self, i: usize, agent: &str, out: &Path, code: i32, msg: String, job: Option<serde_json::Value>) {
+        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
+        let _ = fsutil::append_line(out, format!("runspool: {msg}").as_bytes());
+        let st = &mut self.status.steps[i];
+        st.status = StepState::Failed;
+        st.exit_code = Some(code);
+        st.error = Some(msg);
+        st.ended_at = Some(crate::now_ms());
+        st.duration_ms = Some(0);
+        if job.is_some() {
+            st.external_job = job.clone();
+        }
+        self.save();
+        if let Some(job) = job {
+            self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
+        }
+        self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": 0}));
     }
 
     fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<u32, String> {

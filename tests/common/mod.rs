@@ -477,20 +477,8 @@ impl TestEnv {
     fn spawn_daemon(&self) -> Child {
         let log = OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         let log2 = log.try_clone().unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.arg("daemon")
-            .arg("--root")
-            .arg(&self.root)
-            .arg("--config")
-            .arg(&self.config_path)
-            .args(&self.extra_args)
-            .env_remove("RUNSPOOL_ROOT")
-            .env_remove("PI_SUBAGENTS_TEMP_ROOT")
-            .env("XDG_CONFIG_HOME", self.base().join("xdg"))
-            .env("RUNSPOOL_LOG", std::env::var("RUNSPOOL_TEST_LOG").unwrap_or_else(|_| "debug".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log2));
+        let mut cmd = self.daemon_command_for(Path::new(BIN), &self.root);
+        cmd.args(&self.extra_args).stdout(Stdio::from(log)).stderr(Stdio::from(log2));
         cmd.spawn().expect("spawn runspool daemon")
     }
 
@@ -1252,31 +1240,12 @@ pub fn is_root() -> bool {
 impl TestEnv {
     /// Start the daemon with extra environment variables and wait until it is ready.
     pub fn start_daemon_env(&mut self, vars: &[(&str, String)]) {
-        assert!(self.child.is_none(), "daemon already started");
-        self.append_log("---- harness: starting daemon (extra env) ----\n");
-        let log = OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        let log2 = log.try_clone().unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.arg("daemon")
-            .arg("--root")
-            .arg(&self.root)
-            .arg("--config")
-            .arg(&self.config_path)
-            .args(&self.extra_args)
-            .env_remove("RUNSPOOL_ROOT")
-            .env_remove("PI_SUBAGENTS_TEMP_ROOT")
-            .env("XDG_CONFIG_HOME", self.base().join("xdg"))
-            .env("RUNSPOOL_LOG", std::env::var("RUNSPOOL_TEST_LOG").unwrap_or_else(|_| "debug".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log2));
+        let mut cmd = self.daemon_command_for(Path::new(BIN), &self.root);
+        cmd.args(&self.extra_args);
         for (k, v) in vars {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn runspool daemon");
-        let pid = child.id() as i64;
-        self.child = Some(child);
-        self.wait_ready(pid);
+        self.start_daemon_command(cmd);
     }
 
     /// Wait until the daemon started by the harness has exited (killed by someone else).
