@@ -753,12 +753,14 @@ fn cli_submit_wait_status_list_logs() {
     // wait --timeout on a run that does not finish
     let gate = env.work.join("gate-cli");
     env.submit(&request(Some("cli-slow"), &env.work, vec![sh_step("slow", &gate_wait(&gate))]));
+    env.wait_state("cli-slow", "running");
     let o = env.cli(&["wait", "cli-slow", "--timeout", "1s"]);
-    assert!(!o.status.success(), "wait --timeout must fail on timeout: {}", describe(&o));
+    assert_eq!(o.status.code(), Some(124), "wait --timeout exits 124 on timeout: {}", describe(&o));
     let o = env.cli(&["list", "--active", "--json"]);
+    assert!(o.status.success(), "{}", describe(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("list --active --json");
     let ids: Vec<&str> = v.as_array().unwrap().iter().filter_map(|s| s["runId"].as_str()).collect();
-    assert_eq!(ids, vec!["cli-slow"], "only the slow run is active");
+    assert_eq!(ids, vec!["cli-slow"], "only the slow run is active; status: {:?}", env.status("cli-slow"));
     open_gate(&gate);
     let o = env.cli(&["wait", "cli-slow", "--timeout", "90s"]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));

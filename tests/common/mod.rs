@@ -591,6 +591,30 @@ impl TestEnv {
         format!("---- daemon log ({}) tail ----\n{}\n---- end ----", self.log_path.display(), v[from..].join("\n"))
     }
 
+    /// State, error and runner stderr of up to `max` runs: what a failing test
+    /// needs to tell "the run ended early" from "the index is wrong".
+    pub fn runs_summary(&self, max: usize) -> String {
+        let mut out = String::from("---- runs ----\n");
+        for id in self.run_ids().into_iter().take(max) {
+            let dir = self.run_dir(&id);
+            let st = read_json(&dir.join("status.json")).unwrap_or(Value::Null);
+            let stderr = fs::read_to_string(dir.join("runner.stderr.log")).unwrap_or_default();
+            let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+            out.push_str(&format!(
+                "{id}: state={} exit={} error={} active_marker={}\n",
+                st["state"],
+                st["exitCode"],
+                st["error"],
+                self.runs().join(".active-runs").join(&id).exists()
+            ));
+            for l in tail.into_iter().rev() {
+                out.push_str(&format!("    runner: {l}\n"));
+            }
+        }
+        out.push_str("---- end ----");
+        out
+    }
+
     /// Run `runspool daemon` in the foreground expecting it to exit by itself;
     /// returns (status, stderr+stdout). Panics if it is still running after `timeout`.
     pub fn run_daemon_expect_exit(&self, root: &Path, timeout: Duration) -> (ExitStatus, String) {
@@ -1079,6 +1103,7 @@ impl Drop for TestEnv {
         kill_root_processes(&self.root, &self.base());
         if std::thread::panicking() {
             eprintln!("{}", self.log_tail(150));
+            eprintln!("{}", self.runs_summary(20));
             if std::env::var("RUNSPOOL_TEST_KEEP").is_ok() {
                 let p = self.tmp.path().to_path_buf();
                 eprintln!("keeping test dir {}", p.display());
