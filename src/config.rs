@@ -14,7 +14,34 @@ pub struct Config {
     pub watch: Watch,
     pub storage: Storage,
     pub log: Log,
+    pub hooks: Hooks,
     pub providers: BTreeMap<String, Provider>,
+}
+
+/// `[hooks]`: commands run when a run ends (see src/daemon/hooks.rs).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hooks {
+    /// Run when a run ends `complete`: program and arguments.
+    pub on_complete: Vec<String>,
+    /// Run when a run ends in any other state (failed, stopped, paused).
+    pub on_failure: Vec<String>,
+    /// Hooks running at once; more wait their turn.
+    pub max_parallel: usize,
+    /// A hook still running after this long gets SIGTERM, then SIGKILL.
+    pub timeout_s: u64,
+}
+
+impl Hooks {
+    pub fn enabled(&self) -> bool {
+        !self.on_complete.is_empty() || !self.on_failure.is_empty()
+    }
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks { on_complete: vec![], on_failure: vec![], max_parallel: 2, timeout_s: 60 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -61,6 +88,7 @@ impl Default for Config {
             watch: Watch::default(),
             storage: Storage::default(),
             log: Log::default(),
+            hooks: Hooks::default(),
             providers: BTreeMap::new(),
         }
     }
@@ -125,6 +153,17 @@ impl Config {
         if !matches!(self.log.level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
             return Err(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
         }
+        for (key, cmd) in [("hooks.on_complete", &self.hooks.on_complete), ("hooks.on_failure", &self.hooks.on_failure)] {
+            if cmd.first().is_some_and(|c| c.is_empty()) {
+                return Err(format!("{key} starts with an empty program name; give the executable first, e.g. [\"notify-send\", \"runspool\"]"));
+            }
+        }
+        if self.hooks.max_parallel == 0 {
+            return Err("hooks.max_parallel is 0; set it to 1 or more".into());
+        }
+        if self.hooks.timeout_s == 0 {
+            return Err("hooks.timeout_s is 0; set a positive number of seconds".into());
+        }
         for (name, p) in &self.providers {
             match p.kind.as_str() {
                 "command" if p.command.is_empty() || p.command[0].is_empty() => {
@@ -157,6 +196,20 @@ mod tests {
         assert_eq!(c, Config::default());
         assert_eq!(c.max_running, 4);
         assert_eq!(c.watch.rescan_interval_s, 30);
+    }
+    /// docs/config.md shows the whole file at its defaults: it must parse to them.
+    #[test]
+    fn documented_defaults() {
+        let doc = include_str!("../docs/config.md");
+        let start = doc.find("## Every key, at its default").expect("section present");
+        let rest = &doc[start..];
+        let block = rest.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("toml block");
+        let c = Config::parse(block).unwrap_or_else(|e| panic!("docs/config.md block does not parse: {e}"));
+        assert_eq!(c, Config::default(), "docs/config.md defaults drifted from the code");
+        for key in ["max_running", "retention_days", "strategy", "poll_interval_ms", "rescan_interval_s", "min_free_bytes", "level",
+                    "on_complete", "on_failure", "max_parallel", "timeout_s"] {
+            assert!(block.contains(&format!("\n{key} = ")), "docs/config.md block lacks {key}");
+        }
     }
     #[test]
     fn unknown_keys_are_named() {

@@ -1,6 +1,7 @@
 //! The `runspool` command line. Every command reads and writes the same
 //! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
 
+mod config_cmd;
 mod doctor;
 pub use doctor::inotify_usage;
 mod inspect;
@@ -105,6 +106,9 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Check the configuration file the daemon would load
+    #[command(subcommand)]
+    Config(ConfigCmd),
     /// Print a run's step output
     Logs {
         run: String,
@@ -115,6 +119,23 @@ enum Cmd {
         #[arg(short, long)]
         follow: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Load and validate the file exactly as the daemon does; exit 1 (naming
+    /// the key) when the daemon would refuse it, warn about hook programs
+    /// that are not on PATH
+    Check {
+        /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print the verdict as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the default config file path
+    Path,
 }
 
 #[derive(Subcommand)]
@@ -187,6 +208,8 @@ pub fn main() -> i32 {
             crate::runner::main(&run_dir)
         }
         Cmd::Providers { config } => crate::providers::cli_main(config.as_deref()),
+        Cmd::Config(ConfigCmd::Check { config, json }) => config_cmd::check(config.as_deref(), json),
+        Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
         Cmd::Daemon { config } => {
             let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             init_logging(&level);
@@ -227,7 +250,7 @@ pub fn main() -> i32 {
                     ServiceCmd::Status => crate::service::control("status"),
                     ServiceCmd::Logs { follow } => crate::service::logs(follow),
                 },
-                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } => unreachable!(),
+                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } | Cmd::Config(_) => unreachable!(),
             };
             match r {
                 Ok(code) => code,

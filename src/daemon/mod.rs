@@ -3,6 +3,7 @@
 //! and reports. Everything it knows is on disk; a restart rebuilds the rest.
 
 pub mod bridge;
+pub mod hooks;
 pub mod report;
 pub mod retention;
 pub mod spool;
@@ -112,6 +113,7 @@ pub struct Daemon {
     rx: Receiver<Hint>,
     watch: Watch,
     bridge: bridge::Bridge,
+    hooks: hooks::Hooks,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     /// Queued runs whose control inbox is not watched yet (see `watch_still_queued`).
@@ -193,6 +195,7 @@ impl Daemon {
             .unwrap_or(0);
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let bridge = bridge::Bridge::new(&cfg, tx.clone());
+        let hooks = hooks::Hooks::new(&layout);
         let mut d = Daemon {
             next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
             layout,
@@ -205,6 +208,7 @@ impl Daemon {
             rx,
             watch,
             bridge,
+            hooks,
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             unwatched: Vec::new(),
@@ -241,6 +245,7 @@ impl Daemon {
     /// claims, re-queue queued runs, re-adopt live runners, repair dead ones,
     /// finish interrupted publications.
     fn recover(&mut self) {
+        self.hooks.recover(&self.layout);
         let ctx = Ctx(&self.cfg);
         spool::recover_rejected(&mut self.w, &self.layout, &ctx, self.previous_start - 60_000);
         self.sweep_temps();
@@ -264,6 +269,7 @@ impl Daemon {
                     Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, &id, &req) {
                         Ok(s) => {
                             tracing::info!(run_id = %id, "finished a half-done claim");
+                            self.hooks.track(&self.cfg.hooks, &id);
                             queued.push(s);
                         }
                         Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
@@ -283,10 +289,12 @@ impl Daemon {
             match s.state {
                 State::Queued => {
                     let _ = crate::store::index::mark_active(&self.layout, &s);
+                    self.hooks.track(&self.cfg.hooks, &id);
                     queued.push(s);
                 }
                 State::Running => {
                     let _ = crate::store::index::mark_active(&self.layout, &s);
+                    self.hooks.track(&self.cfg.hooks, &id);
                     self.running.insert(id.clone(), Slot { child: None });
                 }
                 _ => {
@@ -368,6 +376,9 @@ impl Daemon {
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
         }
+        if let Some(h) = self.hooks.next_wake() {
+            t = t.min(h);
+        }
         if let Some(w) = self.watchdog {
             t = t.min(self.last_watchdog + w);
         }
@@ -431,6 +442,7 @@ impl Daemon {
         self.schedule();
         self.watch_still_queued();
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
+        self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
         if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
@@ -455,6 +467,7 @@ impl Daemon {
         if let Ok(active) = crate::store::index::list_active(&self.layout) {
             for s in active {
                 if !self.queued.contains(&s.run_id) && !self.running.contains_key(&s.run_id) {
+                    self.hooks.track(&self.cfg.hooks, &s.run_id);
                     match s.state {
                         State::Queued => self.enqueue(&s),
                         _ => {
@@ -507,6 +520,7 @@ impl Daemon {
             match outcome {
                 Outcome::Claimed(s) => {
                     done += 1;
+                    self.hooks.track(&self.cfg.hooks, &s.run_id);
                     self.enqueue(&s);
                     if !self.w.is_idle() {
                         // Its status is only in memory: stop claiming until storage recovers.
@@ -604,6 +618,7 @@ impl Daemon {
                 );
                 let _ = std::fs::remove_file(control.join(file));
                 tracing::info!(run_id, "stopped a queued run");
+                self.hooks.ended(run_id);
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(run_id, error = %e, "could not stop a queued run"),
@@ -647,6 +662,7 @@ impl Daemon {
                         tracing::error!(run_id = %id, error = %e, "could not settle a finished run");
                     }
                     self.running.remove(&id);
+                    self.hooks.ended(&id);
                 }
                 Err(e) if is_capacity(&e) => continue,
                 Err(e) => {

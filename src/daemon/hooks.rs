@@ -1,0 +1,351 @@
+//! Completion hooks: `[hooks] on_complete` / `on_failure` run a command when a
+//! run the daemon supervised ends, with the run's result JSON on stdin.
+//!
+//! Exactly once, across restarts:
+//! - While hooks are configured, every run the daemon sees active (claimed,
+//!   re-queued or re-adopted) gets a marker `runspool/hooks-pending/<runId>`.
+//!   It carries "this run still owes a hook" across a daemon restart, since a
+//!   run can end while no daemon is running.
+//! - Firing first creates `<runDir>/hook.json` with rename-without-replace:
+//!   only one daemon, once, can create it. Its presence means "fired"; it is
+//!   rewritten with the outcome when the hook ends. A daemon killed while a
+//!   hook runs does not run it again after the restart: it notes the outcome
+//!   as unknown.
+//!
+//! Hooks never block the loop: children are polled each turn, at most
+//! `max_parallel` run at once, and one that outlives `timeout_s` gets SIGTERM
+//! to its process group, then SIGKILL 3 s later.
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Hooks as HookConfig;
+use crate::protocol::status::{State, Status};
+use crate::store::{fsutil, results, run, Layout};
+
+const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// `<runDir>/hook.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HookRecord {
+    pub version: u32,
+    /// `on_complete` or `on_failure`.
+    pub hook: String,
+    pub command: Vec<String>,
+    /// The run's state the hook was fired for.
+    pub state: String,
+    pub started_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub fn record_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("hook.json")
+}
+
+struct Running {
+    run_id: String,
+    child: Child,
+    record: HookRecord,
+    started: Instant,
+    deadline: Instant,
+    term_sent: Option<Instant>,
+}
+
+pub struct Hooks {
+    pending_dir: PathBuf,
+    /// Tracked runs (mirrors the pending markers; a marker that could not be
+    /// written on a full disk still fires from memory).
+    tracked: HashSet<String>,
+    /// Ended runs waiting for a free hook slot.
+    waiting: VecDeque<String>,
+    running: Vec<Running>,
+}
+
+impl Hooks {
+    pub fn new(l: &Layout) -> Hooks {
+        Hooks {
+            pending_dir: l.daemon_dir().join("hooks-pending"),
+            tracked: HashSet::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    /// A run the daemon now supervises owes a hook when it ends.
+    pub fn track(&mut self, cfg: &HookConfig, run_id: &str) {
+        if !cfg.enabled() || !self.tracked.insert(run_id.to_string()) {
+            return;
+        }
+        let r = fsutil::mkdir_private(&self.pending_dir).and_then(|_| fsutil::touch(&self.pending_dir.join(run_id)));
+        if let Err(e) = r {
+            tracing::warn!(run_id, error = %e, "cannot record the pending hook on disk; it fires unless the daemon restarts first");
+        }
+    }
+
+    /// At start: every run with a pending marker is tracked again; those that
+    /// ended while no daemon ran are queued to fire now.
+    pub fn recover(&mut self, l: &Layout) {
+        let Ok(rd) = std::fs::read_dir(&self.pending_dir) else { return };
+        for e in rd.flatten() {
+            let Ok(id) = e.file_name().into_string() else { continue };
+            if id.starts_with('.') || !crate::protocol::is_id(&id, 128) {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            match run::read_status(&l.run_dir(&id)) {
+                Ok(Some(s)) => {
+                    self.tracked.insert(id.clone());
+                    if !s.state.is_active() {
+                        self.waiting.push_back(id);
+                    }
+                }
+                Ok(None) => {
+                    // The run is gone (retention) or never got a status: nothing to report.
+                    let _ = std::fs::remove_file(e.path());
+                }
+                Err(err) => tracing::warn!(run_id = %id, error = %err, "unreadable status.json; its hook waits"),
+            }
+        }
+    }
+
+    /// A tracked run reached a terminal state.
+    pub fn ended(&mut self, run_id: &str) {
+        if self.tracked.contains(run_id) && !self.waiting.iter().any(|w| w == run_id) {
+            self.waiting.push_back(run_id.to_string());
+        }
+    }
+
+    pub fn busy(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Reap finished hooks, enforce time limits, start waiting ones.
+    pub fn turn(&mut self, l: &Layout, cfg: &HookConfig) {
+        self.reap(l);
+        while self.running.len() < cfg.max_parallel.max(1) {
+            let Some(id) = self.waiting.pop_front() else { break };
+            self.fire(l, cfg, &id);
+        }
+    }
+
+    fn forget(&mut self, run_id: &str) {
+        self.tracked.remove(run_id);
+        let _ = std::fs::remove_file(self.pending_dir.join(run_id));
+    }
+
+    fn fire(&mut self, l: &Layout, cfg: &HookConfig, run_id: &str) {
+        let dir = l.run_dir(run_id);
+        let s = match run::read_status(&dir) {
+            Ok(Some(s)) if !s.state.is_active() => s,
+            Ok(Some(_)) => return, // not ended after all (a stale wake): keep tracking
+            Ok(None) => return self.forget(run_id),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "cannot read the status of an ended run; skipping its hook");
+                return self.forget(run_id);
+            }
+        };
+        let (name, command) = if s.state == State::Complete {
+            ("on_complete", &cfg.on_complete)
+        } else {
+            ("on_failure", &cfg.on_failure)
+        };
+        if command.is_empty() {
+            return self.forget(run_id);
+        }
+        let mut record = HookRecord {
+            version: 1,
+            hook: name.into(),
+            command: command.clone(),
+            state: s.state.as_str().into(),
+            started_at: crate::now_ms(),
+            pid: None,
+            ended_at: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            error: None,
+        };
+        // The claim on "firing": hook.json appears once, whoever gets there first.
+        match create_record(&dir, &record) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.note_unfinished(&dir, run_id);
+                return self.forget(run_id);
+            }
+            Err(e) if fsutil::is_capacity(&e) => {
+                tracing::warn!(run_id, error = %e, "cannot record the hook (storage full); will retry");
+                self.waiting.push_back(run_id.to_string());
+                return;
+            }
+            Err(e) => {
+                tracing::error!(run_id, error = %e, path = %record_path(&dir).display(), "cannot record the hook; not running it");
+                return self.forget(run_id);
+            }
+        }
+        let input = serde_json::to_vec_pretty(&results::build_result(l, &s)).unwrap_or_default();
+        match spawn(command, &dir, &s) {
+            Ok(mut child) => {
+                if let Some(mut stdin) = child.stdin.take() {
+                    // A thread, so a hook that never reads stdin cannot stall the loop.
+                    let _ = std::thread::Builder::new().name("hook-stdin".into()).spawn(move || {
+                        let _ = stdin.write_all(&input);
+                    });
+                }
+                record.pid = Some(child.id());
+                let _ = write_record(&dir, &record);
+                tracing::info!(run_id, hook = name, pid = child.id(), "hook started");
+                let now = Instant::now();
+                self.running.push(Running {
+                    run_id: run_id.to_string(),
+                    child,
+                    record,
+                    started: now,
+                    deadline: now + Duration::from_secs(cfg.timeout_s),
+                    term_sent: None,
+                });
+            }
+            Err(e) => {
+                record.ended_at = Some(crate::now_ms());
+                record.error = Some(format!("cannot start `{}`: {e}; fix hooks.{name} in the config", command[0]));
+                tracing::error!(run_id, hook = name, error = %e, command = %command[0], "hook could not start");
+                let _ = write_record(&dir, &record);
+                self.forget(run_id);
+            }
+        }
+    }
+
+    /// hook.json exists but has no outcome: a previous daemon died while the
+    /// hook ran. It is not run again; say so in the record.
+    fn note_unfinished(&self, dir: &Path, run_id: &str) {
+        let Ok(bytes) = fsutil::read_nofollow(&record_path(dir), 1024 * 1024) else { return };
+        let Ok(mut r) = serde_json::from_slice::<HookRecord>(&bytes) else { return };
+        if r.ended_at.is_none() && r.error.is_none() {
+            r.error = Some("the daemon restarted while the hook ran; its outcome is unknown and it is not run again".into());
+            tracing::warn!(run_id, hook = %r.hook, "a hook was interrupted by a daemon restart; not running it twice");
+            let _ = write_record(dir, &r);
+        }
+    }
+
+    fn reap(&mut self, l: &Layout) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.running.len() {
+            let h = &mut self.running[i];
+            match h.child.try_wait() {
+                Ok(Some(st)) => {
+                    let mut h = self.running.swap_remove(i);
+                    let r = &mut h.record;
+                    r.ended_at = Some(crate::now_ms());
+                    r.exit_code = st.code();
+                    r.signal = st.signal();
+                    let ms = h.started.elapsed().as_millis() as u64;
+                    if st.success() {
+                        tracing::info!(run_id = %h.run_id, hook = %r.hook, duration_ms = ms, "hook finished");
+                    } else {
+                        let how = match (st.code(), st.signal()) {
+                            (Some(c), _) => format!("exit code {c}"),
+                            (_, Some(s)) => format!("signal {}", crate::platform::signal_name(s)),
+                            _ => "unknown status".into(),
+                        };
+                        let why = if r.timed_out { format!("timed out after hooks.timeout_s; {how}") } else { how };
+                        tracing::warn!(
+                            run_id = %h.run_id, hook = %r.hook, duration_ms = ms, outcome = %why,
+                            log = %l.run_dir(&h.run_id).join("hook.log").display(), "hook failed"
+                        );
+                        r.error = Some(why);
+                    }
+                    let _ = write_record(&l.run_dir(&h.run_id), r);
+                    let id = h.run_id.clone();
+                    self.forget(&id);
+                    continue;
+                }
+                Ok(None) => {
+                    let pg = h.child.id() as i32;
+                    match h.term_sent {
+                        None if now >= h.deadline => {
+                            h.record.timed_out = true;
+                            h.term_sent = Some(now);
+                            unsafe { libc::killpg(pg, libc::SIGTERM) };
+                        }
+                        Some(t) if now >= t + KILL_GRACE => unsafe {
+                            libc::killpg(pg, libc::SIGKILL);
+                        },
+                        _ => {}
+                    }
+                }
+                Err(e) => tracing::warn!(run_id = %h.run_id, error = %e, "cannot poll a hook"),
+            }
+            i += 1;
+        }
+    }
+
+    /// How soon the loop should come back for the hooks.
+    pub fn next_wake(&self) -> Option<Instant> {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            return None;
+        }
+        Some(Instant::now() + Duration::from_millis(200))
+    }
+}
+
+fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir.join("hook.log"))?;
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .env("RUNSPOOL_RUN_ID", &s.run_id)
+        .env("RUNSPOOL_STATE", s.state.as_str())
+        .env("RUNSPOOL_RUN_DIR", dir)
+        .env("RUNSPOOL_SESSION_ID", &s.session_id)
+        .env("RUNSPOOL_EXIT_CODE", s.exit_code.unwrap_or(1).to_string());
+    for k in crate::runner::SCRUBBED_ENV {
+        cmd.env_remove(k);
+    }
+    cmd.spawn()
+}
+
+/// Create hook.json only if it does not exist. Ok(false): it already did.
+fn create_record(dir: &Path, r: &HookRecord) -> io::Result<bool> {
+    let target = record_path(dir);
+    let tmp = dir.join(format!(".hook.json.{}.tmp", std::process::id()));
+    fsutil::write_atomic(&tmp, &serde_json::to_vec_pretty(r).map_err(io::Error::other)?, true)?;
+    let res = crate::platform::rename_noreplace(&tmp, &target);
+    let _ = std::fs::remove_file(&tmp);
+    match res {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn write_record(dir: &Path, r: &HookRecord) -> io::Result<()> {
+    fsutil::write_atomic(&record_path(dir), &serde_json::to_vec_pretty(r).map_err(io::Error::other)?, false)
+}
