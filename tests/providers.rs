@@ -344,6 +344,13 @@ fn providers_command_lists_and_checks() {
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(text.contains("engine") && text.contains(&format!("{} is executable", eng.exe.display())), "{text}");
     assert!(text.contains("broken") && text.contains("FAILED") && text.contains("providers.broken.command[0]"), "{text}");
+    let out = env.cli(&["providers", "--config", env.config_path.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("providers --json prints JSON");
+    let by_name = |n: &str| v.as_array().unwrap().iter().find(|p| p["name"] == n).cloned().unwrap();
+    assert_eq!(by_name("engine")["ok"], true, "{v}");
+    assert_eq!(by_name("broken")["ok"], false, "{v}");
+    assert!(by_name("broken")["check"].as_str().unwrap().contains("providers.broken.command[0]"), "{v}");
     let (env2, _e) = env_with_engine("");
     let out = env2.cli(&["providers", "--config", env2.config_path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", describe(&out));

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 
-use crate::protocol::status::{State, Status};
+use crate::protocol::status::{State, Status, StepState};
 use crate::store::layout::RunPaths;
 use crate::store::{fsutil, index, run, Layout};
 
@@ -94,45 +94,117 @@ pub fn list(layout: &Layout, active: bool, recent: Option<usize>, session: Optio
 }
 
 /// Wait for a terminal state. `spool_name`: the request as published, so a
-/// rejection (which may create no run) ends the wait too.
-pub fn wait(layout: &Layout, id: &str, timeout: Option<Duration>, spool_name: Option<&str>) -> anyhow::Result<i32> {
+/// rejection (which may create no run) ends the wait too. On a terminal the
+/// wait keeps one live line (state, steps done, current step, elapsed); else
+/// it prints a plain line whenever the state or the current step changes.
+/// `json`: print the final status.json on stdout.
+pub fn wait(layout: &Layout, id: &str, timeout: Option<Duration>, spool_name: Option<&str>, json: bool) -> anyhow::Result<i32> {
     let start = Instant::now();
-    let mut last: Option<State> = None;
+    let tty = !json && unsafe { libc::isatty(2) } == 1;
+    let mut progress = Progress { tty, last_plain: String::new(), drawn: false };
     let dir = layout.run_dir(id);
     loop {
         if let Some(s) = run::read_status(&dir).ok().flatten() {
-            if last != Some(s.state) {
-                eprintln!("runspool: {id} is {}", s.state.as_str());
-                last = Some(s.state);
-            }
             if !s.state.is_active() {
+                progress.clear();
+                let took = fmt_elapsed(((s.ended_at.unwrap_or(s.last_update) - s.started_at).max(0) / 1000) as u64);
+                eprintln!("runspool: {id} {} (exit {}) after {took}", s.state.as_str(), s.exit_code.unwrap_or(1));
                 if let Some(e) = &s.error {
                     if s.state != State::Complete {
                         eprintln!("runspool: {e}");
                     }
                 }
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                }
                 return Ok(s.exit_code.unwrap_or(1));
             }
+            progress.show(id, &s, start.elapsed());
         } else if let Some(name) = spool_name {
             let stem = name.trim_end_matches(".json");
             let err = layout.rejected().join(format!("{stem}.error.json"));
             if let Ok(b) = std::fs::read(&err) {
+                progress.clear();
                 let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));
                 eprintln!(
-                    "runspool: the request was rejected ({}): {}",
+                    "runspool: the request was rejected ({}): {} (see {})",
                     v["code"].as_str().unwrap_or("?"),
-                    v["message"].as_str().unwrap_or("see the error file")
+                    v["message"].as_str().unwrap_or("see the error file"),
+                    err.display()
                 );
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                }
                 return Ok(2);
             }
+            progress.line(&format!("{id} waiting to be claimed (is the daemon running? `runspool status`)"), start.elapsed());
         }
         if let Some(t) = timeout {
             if start.elapsed() >= t {
-                eprintln!("runspool: gave up waiting for {id} after {} ms", t.as_millis());
+                progress.clear();
+                eprintln!("runspool: gave up waiting for {id} after {}; it goes on (see `runspool status {id}`)", fmt_elapsed(t.as_secs()));
                 return Ok(124);
             }
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn fmt_elapsed(secs: u64) -> String {
+    if secs >= 3600 {
+        format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+    } else {
+        format!("{:02}:{:02}", secs / 60, secs % 60)
+    }
+}
+
+/// The progress display of `wait`.
+struct Progress {
+    tty: bool,
+    /// The last plain line printed (non-tty): print again only on a change.
+    last_plain: String,
+    drawn: bool,
+}
+
+impl Progress {
+    fn show(&mut self, id: &str, s: &Status, waited: Duration) {
+        let total = s.steps.len();
+        let done = s.steps.iter().filter(|st| !matches!(st.status, StepState::Pending | StepState::Running)).count();
+        let current: Vec<String> = s
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| st.status == StepState::Running)
+            .map(|(i, st)| format!("{} ({})", i, st.agent))
+            .collect();
+        let mut text = format!("{id} {} · {done}/{total} steps done", s.state.as_str());
+        if !current.is_empty() {
+            text.push_str(&format!(" · running step {}", current.join(", ")));
+        }
+        if s.state == State::Queued {
+            text.push_str(&format!(" · priority {}", s.queue.priority));
+        }
+        let elapsed = if s.state == State::Running { (crate::now_ms() - s.started_at).max(0) as u64 / 1000 } else { waited.as_secs() };
+        self.line(&text, Duration::from_secs(elapsed));
+    }
+
+    fn line(&mut self, text: &str, elapsed: Duration) {
+        if self.tty {
+            let mut err = std::io::stderr();
+            let _ = write!(err, "\r\x1b[K{text} · {}", fmt_elapsed(elapsed.as_secs()));
+            let _ = err.flush();
+            self.drawn = true;
+        } else if text != self.last_plain {
+            eprintln!("runspool: {text}");
+            self.last_plain = text.to_string();
+        }
+    }
+
+    fn clear(&mut self) {
+        if self.drawn {
+            eprint!("\r\x1b[K");
+            self.drawn = false;
+        }
     }
 }
 

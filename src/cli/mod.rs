@@ -71,11 +71,19 @@ enum Cmd {
         json: bool,
     },
     /// Wait for a run to end; exits with the run's exit code
+    #[command(after_help = "On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
+        otherwise a plain line is printed whenever the state or the running step changes.\n\n\
+        Exit codes: the run's exit code; 124 when --timeout expires (the run goes on); 2 when the request was rejected.\n\n\
+        Examples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json")]
     Wait {
+        /// Run id, or a unique prefix of 8 or more characters
         run: String,
         /// Give up after this long (500ms, 30s, 5m, 1h); exit code 124
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
         timeout: Option<Duration>,
+        /// Print the final status.json on stdout
+        #[arg(long)]
+        json: bool,
     },
     /// Ask a run to stop (writes control/stop.json; the runner acts on it)
     Stop {
@@ -105,6 +113,9 @@ enum Cmd {
         /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Print the providers and their checks as JSON
+        #[arg(long)]
+        json: bool,
     },
     /// Check the configuration file the daemon would load
     #[command(subcommand)]
@@ -207,7 +218,7 @@ pub fn main() -> i32 {
             init_logging("info");
             crate::runner::main(&run_dir)
         }
-        Cmd::Providers { config } => crate::providers::cli_main(config.as_deref()),
+        Cmd::Providers { config, json } => crate::providers::cli_main(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Check { config, json }) => config_cmd::check(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
         Cmd::Daemon { config } => {
@@ -234,7 +245,7 @@ pub fn main() -> i32 {
                 Cmd::Status { run: None, json } => doctor::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
                 Cmd::List { active, recent, session, json } => inspect::list(&layout, active, recent, session.as_deref(), json),
-                Cmd::Wait { run, timeout } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None)),
+                Cmd::Wait { run, timeout, json } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None, json)),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow } => inspect::logs(&layout, &run, step, follow),
                 Cmd::Service(sc) => match sc {

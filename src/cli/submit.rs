@@ -81,7 +81,7 @@ pub fn submit(layout: &Layout, a: SubmitArgs) -> anyhow::Result<i32> {
         );
     }
     if a.wait {
-        return super::inspect::wait(layout, &run_id, None, Some(&name));
+        return super::inspect::wait(layout, &run_id, None, Some(&name), false);
     }
     Ok(0)
 }

@@ -247,7 +247,7 @@ pub fn find_executable(name: &str) -> Result<std::path::PathBuf, String> {
 }
 
 /// `runspool providers`: list the configured providers and check each.
-pub fn cli_main(config_path: Option<&Path>) -> i32 {
+pub fn cli_main(config_path: Option<&Path>, json: bool) -> i32 {
     let cfg = match config::Config::load(config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -255,22 +255,31 @@ pub fn cli_main(config_path: Option<&Path>) -> i32 {
             return 1;
         }
     };
-    if cfg.providers.is_empty() {
+    let checks: Vec<(String, &config::Provider, Result<String, String>)> =
+        cfg.providers.iter().map(|(name, p)| (name.clone(), p, build(name, p).check())).collect();
+    let failed = checks.iter().filter(|c| c.2.is_err()).count();
+    if json {
+        let v: Vec<serde_json::Value> = checks
+            .iter()
+            .map(|(name, p, r)| {
+                serde_json::json!({
+                    "name": name, "type": p.kind, "command": p.command, "timeoutMs": p.timeout_ms,
+                    "ok": r.is_ok(), "check": match r { Ok(t) | Err(t) => t },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else if checks.is_empty() {
         println!("no providers configured; add [providers.NAME] tables to the config file (see docs/external-jobs.md)");
-        return 0;
-    }
-    let mut failed = 0;
-    println!("{:<16} {:<8} {:>10}  CHECK", "NAME", "TYPE", "TIMEOUT");
-    for (name, p) in &cfg.providers {
-        let prov = build(name, p);
-        let (mark, text) = match prov.check() {
-            Ok(t) => ("ok", t),
-            Err(e) => {
-                failed += 1;
-                ("FAILED", e)
-            }
-        };
-        println!("{:<16} {:<8} {:>8}ms  {mark}: {text}", name, p.kind, p.timeout_ms);
+    } else {
+        println!("{:<16} {:<8} {:>10}  CHECK", "NAME", "TYPE", "TIMEOUT");
+        for (name, p, r) in &checks {
+            let (mark, text) = match r {
+                Ok(t) => ("ok", t),
+                Err(e) => ("FAILED", e),
+            };
+            println!("{:<16} {:<8} {:>8}ms  {mark}: {text}", name, p.kind, p.timeout_ms);
+        }
     }
     if failed > 0 {
         eprintln!("runspool providers: {failed} provider(s) failed their check");

@@ -1,0 +1,80 @@
+//! `runspool wait`: a live progress line on a terminal, plain lines when
+//! piped, `--json` with the final status, and its exit codes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+fn gate_wait(gate: &Path) -> String {
+    format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display())
+}
+
+#[test]
+fn plain_lines_when_piped_and_json_final_status() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let gate = env.work.join("gate-w");
+    env.submit(&request(
+        Some("w-plain"),
+        &env.work,
+        vec![sh_step("first", &gate_wait(&gate)), sh_step("second", "exit 5")],
+    ));
+    env.wait_state("w-plain", "running");
+    let root = env.root.clone();
+    let waiter = std::thread::spawn(move || {
+        Command::new(BIN).args(["--root", root.to_str().unwrap(), "wait", "w-plain", "--json"]).output().unwrap()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::fs::write(&gate, b"go").unwrap();
+    let o = waiter.join().unwrap();
+    assert_eq!(o.status.code(), Some(5), "{}", describe(&o));
+    let err = stderr_str(&o);
+    assert!(err.contains("w-plain running · 0/2 steps done · running step 0 (first)"), "{err}");
+    assert!(err.contains("w-plain failed (exit 5)"), "{err}");
+    assert!(!err.contains('\r'), "no terminal control codes when not a terminal: {err:?}");
+    // Each distinct state is printed once, not once per poll.
+    assert_eq!(err.matches("running step 0 (first)").count(), 1, "{err}");
+    let v: Value = serde_json::from_slice(&o.stdout).expect("--json prints the final status");
+    assert_eq!(v["runId"], "w-plain");
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["exitCode"], 5);
+}
+
+#[test]
+fn live_line_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIP live_line_on_a_terminal: `script` (util-linux) is not installed, so no pseudo-terminal is available");
+        return;
+    }
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("w-tty"), &env.work, vec![sh_step("sleepy", "sleep 1.5")]));
+    env.wait_state("w-tty", "running");
+    let cmd = format!("{BIN} --root '{}' wait w-tty", env.root.display());
+    // `script` gives the command a pseudo-terminal and copies what it printed.
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("\r\x1b[K"), "the line is redrawn in place: {out:?}");
+    assert!(out.contains("w-tty running · 0/1 steps done · running step 0 (sleepy) · 00:0"), "{out:?}");
+    assert!(out.contains("w-tty complete (exit 0)"), "{out:?}");
+}
+
+#[test]
+fn timeout_exits_124_and_the_run_goes_on() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let gate = env.work.join("gate-t");
+    env.submit(&request(Some("w-slow"), &env.work, vec![sh_step("s", &gate_wait(&gate))]));
+    env.wait_state("w-slow", "running");
+    let o = env.cli(&["wait", "w-slow", "--timeout", "300ms"]);
+    assert_eq!(o.status.code(), Some(124), "{}", describe(&o));
+    assert!(stderr_str(&o).contains("gave up waiting for w-slow"), "{}", describe(&o));
+    assert_eq!(env.state("w-slow").as_deref(), Some("running"));
+    std::fs::write(&gate, b"go").unwrap();
+    assert_eq!(env.wait_terminal("w-slow")["state"], "complete");
+}
