@@ -133,3 +133,47 @@ fn active_ignores_and_removes_stale_markers() {
     assert!(o.status.success(), "{}", describe(&o));
     assert!(stdout_str(&o).contains(live), "{}", describe(&o));
 }
+
+/// `list --recent` caches the newest names of a quiet session directory
+/// (runspool/recent-cache). The cache must never hide a run that ended after
+/// it was written, show a removed one, or matter when it is garbage.
+#[test]
+fn recent_cache_never_goes_stale() {
+    let env = TestEnv::new();
+    mkdir_0700(&env.root.join("runspool"));
+    let session = "sess-cache";
+    let base = now_ms() - 3_000_000;
+    for i in 0..300 {
+        env.fabricate_terminal_run(&format!("c-{i:04}"), session, base + (i as i64) * 1000, "complete");
+    }
+    let sdir = env.terminal_dir().join(seg(session));
+    let recent = |n: &str| -> Vec<String> {
+        let o = env.cli(&["list", "--recent", n, "--session", session, "--json"]);
+        assert!(o.status.success(), "{}", describe(&o));
+        list_ids(&serde_json::from_slice(&o.stdout).unwrap())
+    };
+    // A quiet directory (unchanged for over 2 s) gets a cache.
+    let quiet = || std::thread::sleep(std::time::Duration::from_millis(3100));
+    quiet();
+    assert_eq!(recent("3"), vec!["c-0299", "c-0298", "c-0297"]);
+    let cache = env.root.join("runspool/recent-cache").join(seg(session));
+    assert!(cache.exists(), "the first listing of a quiet directory writes the cache");
+    assert_eq!(recent("3"), vec!["c-0299", "c-0298", "c-0297"], "served from the cache");
+
+    // A run that ends later changes the directory: it shows up at once.
+    env.fabricate_terminal_run("c-new", session, base + 400_000, "complete");
+    assert_eq!(recent("2"), vec!["c-new", "c-0299"]);
+
+    // A removed marker is gone at once, too.
+    quiet();
+    assert_eq!(recent("1"), vec!["c-new"]);
+    fs::remove_file(sdir.join(terminal_marker_name(base + 400_000, "c-new"))).unwrap();
+    assert_eq!(recent("1"), vec!["c-0299"]);
+
+    // More than the cache holds, and a garbage cache: a full listing, same answer.
+    quiet();
+    assert_eq!(recent("250").len(), 250);
+    fs::write(&cache, b"{ not json").unwrap();
+    assert_eq!(recent("2"), vec!["c-0299", "c-0298"]);
+    assert_eq!(recent("400").len(), 300);
+}

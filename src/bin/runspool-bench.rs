@@ -816,10 +816,23 @@ fn opens_of(bin: &Path, args: &[String]) -> Option<usize> {
 }
 
 fn time_cli(env: &Env, root: &Path, args: &[&str], calls: usize) -> anyhow::Result<CliResult> {
+    time_cli_with(env, root, args, calls, "", &mut || Ok(()))
+}
+
+/// `before` runs ahead of each call, outside the timing.
+fn time_cli_with(
+    env: &Env,
+    root: &Path,
+    args: &[&str],
+    calls: usize,
+    note: &str,
+    before: &mut dyn FnMut() -> std::io::Result<()>,
+) -> anyhow::Result<CliResult> {
     let mut full: Vec<String> = vec!["--root".into(), root.display().to_string()];
     full.extend(args.iter().map(|s| s.to_string()));
     let mut v = Vec::new();
     for i in 0..calls + 1 {
+        before()?;
         let t = Instant::now();
         let st = Command::new(&env.runspool).args(&full).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
         let d = ms(t.elapsed());
@@ -832,7 +845,7 @@ fn time_cli(env: &Env, root: &Path, args: &[&str], calls: usize) -> anyhow::Resu
     }
     let base = opens_of(&env.runspool, &["--version".to_string()]);
     let opens = opens_of(&env.runspool, &full).zip(base).map(|(a, b)| a.saturating_sub(b));
-    Ok(CliResult { what: format!("runspool {}", args.join(" ")), stats: stats(v), opens })
+    Ok(CliResult { what: format!("runspool {}{note}", args.join(" ")), stats: stats(v), opens })
 }
 
 fn scale(env: &Env, runs: usize, active: usize, calls: usize) -> anyhow::Result<Vec<CliResult>> {
@@ -840,7 +853,17 @@ fn scale(env: &Env, runs: usize, active: usize, calls: usize) -> anyhow::Result<
     let term = fabricate_terminal(&root, runs)?;
     let act = fabricate_active(&root, active)?;
     let mut out = Vec::new();
-    out.push(time_cli(env, &root, &["list", "--recent", "20"], calls)?);
+    // `list --recent` reuses the newest names of a session directory unchanged
+    // for 2 s (runspool/recent-cache): measure a quiet index, then one that
+    // changed just before each call (a run ended: the full listing).
+    let sdir = root.join("async-subagent-runs/.terminal-runs/default");
+    std::thread::sleep(Duration::from_millis(3100));
+    out.push(time_cli_with(env, &root, &["list", "--recent", "20"], calls, " (quiet index)", &mut || Ok(()))?);
+    let touch = sdir.join(".bench-change");
+    out.push(time_cli_with(env, &root, &["list", "--recent", "20"], calls, " (index just changed)", &mut || {
+        fs::write(&touch, b"")?;
+        fs::remove_file(&touch)
+    })?);
     out.push(time_cli(env, &root, &["list", "--active"], calls)?);
     if let Some(id) = term.get(runs / 2) {
         out.push(time_cli(env, &root, &["status", id], calls)?);
@@ -1040,9 +1063,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 jc.push(json!({"command": r.what, "stats": stats_json(&r.stats), "opens": r.opens}));
                 let o = r.opens.map(|o| o <= 60).unwrap_or(true);
                 if i == 0 {
-                    targets.push(("`list --recent 20` ≤ 50 ms, O(20) files".into(), format!("{:.1} ms, {} files", r.stats.p50, r.opens.map(|o| o.to_string()).unwrap_or("?".into())), r.stats.p50 <= 50.0 && o));
+                    targets.push(("`list --recent 20` ≤ 50 ms, O(20) files (quiet index)".into(), format!("{:.1} ms, {} files", r.stats.p50, r.opens.map(|o| o.to_string()).unwrap_or("?".into())), r.stats.p50 <= 50.0 && o));
                 }
-                if i == 2 {
+                if i == 3 {
                     targets.push(("`status ID` ≤ 20 ms".into(), format!("{:.1} ms, {} files", r.stats.p50, r.opens.map(|o| o.to_string()).unwrap_or("?".into())), r.stats.p50 <= 20.0 && o));
                 }
             }

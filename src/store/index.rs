@@ -101,20 +101,45 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
             Err(e) => return Err(e),
         },
     };
-    // Perf: keep only (name, session index) per marker and join paths for the few we open;
-    // a PathBuf per entry doubled the cost of listing 100,000 markers.
+    // Candidates beyond `limit`, so a few bad markers do not force a full listing.
+    let want = limit.saturating_add(64);
+    let mut complete = true;
     let mut names: Vec<(String, usize)> = Vec::new();
     for (si, dir) in sessions.iter().enumerate() {
-        let Ok(rd) = std::fs::read_dir(dir) else { continue };
-        for e in rd.flatten() {
-            if let Some(n) = e.file_name().to_str() {
-                if !n.starts_with('.') && n.ends_with(".json") {
-                    names.push((n.to_string(), si));
-                }
+        let (top, all) = newest_names(l, dir, want);
+        complete &= all;
+        names.extend(top.into_iter().map(|n| (n, si)));
+    }
+    // Names start with the zero-padded end time: descending name order is newest first.
+    names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut used = 0;
+    for (name, si) in &names {
+        if out.len() >= limit {
+            break;
+        }
+        used += 1;
+        let path = sessions[*si].join(name);
+        match validate_marker(l, &path) {
+            Some(s) if seen.insert(s.run_id.clone()) => out.push(s),
+            _ => {
+                let _ = remove_if_exists(&path);
             }
         }
     }
-    // Names start with the zero-padded end time: descending name order is newest first.
+    if out.len() < limit && used == names.len() && !complete {
+        // So many bad markers that the candidates ran out: list everything (rare).
+        return list_recent_uncached(l, &sessions, limit);
+    }
+    Ok(out)
+}
+
+fn list_recent_uncached(l: &Layout, sessions: &[PathBuf], limit: usize) -> io::Result<Vec<Status>> {
+    let mut names: Vec<(String, usize)> = Vec::new();
+    for (si, dir) in sessions.iter().enumerate() {
+        names.extend(read_marker_names(dir).into_iter().map(|n| (n, si)));
+    }
     names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
@@ -131,6 +156,82 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
         }
     }
     Ok(out)
+}
+
+/// Perf: keep one `String` per marker (a `PathBuf` each doubled the cost of
+/// listing 100,000 markers).
+fn read_marker_names(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return vec![] };
+    rd.flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
+        .collect()
+}
+
+/// Names kept in a session's recent cache.
+const CACHE_NAMES: usize = 1000;
+/// A directory changed within this long may still change within the same
+/// timestamp tick (coarse kernel clocks): its listing is not cached.
+const CACHE_QUIET_SECS: i64 = 2;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RecentCache {
+    version: u32,
+    ino: u64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
+    total: usize,
+    /// Newest first.
+    names: Vec<String>,
+}
+
+/// The newest `want` marker names of one session directory, newest first, and
+/// whether that is all of them.
+///
+/// Perf: listing 100,000 markers costs ~40 ms of getdents alone on ext4. A
+/// directory's ctime changes whenever an entry is added or removed, so the
+/// newest names of a directory whose (inode, ctime) still match a cache
+/// written after it had been quiet for `CACHE_QUIET_SECS` are still the
+/// newest names. The ctime is used, not the mtime: it moves on the same
+/// changes and also when someone resets the mtime. The cache lives in `runspool/recent-cache/`, is only a
+/// hint (any mismatch means a full listing) and is rewritten by whoever
+/// lists the directory next.
+fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(dir) else { return (vec![], true) };
+    let cache_path = dir.file_name().map(|n| l.daemon_dir().join("recent-cache").join(n));
+    if let Some(cp) = &cache_path {
+        if let Ok(bytes) = fsutil::read_nofollow(cp, 1 << 20) {
+            if let Ok(c) = serde_json::from_slice::<RecentCache>(&bytes) {
+                let fresh = c.version == 1 && c.ino == md.ino() && c.ctime_sec == md.ctime() && c.ctime_nsec == md.ctime_nsec();
+                if fresh && (want <= c.names.len() || c.total == c.names.len()) {
+                    let all = c.total <= want;
+                    let mut names = c.names;
+                    names.truncate(want);
+                    return (names, all);
+                }
+            }
+        }
+    }
+    let mut names = read_marker_names(dir);
+    let total = names.len();
+    let keep = want.max(CACHE_NAMES);
+    if names.len() > keep {
+        // Perf: partition out the newest instead of sorting all of them.
+        names.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
+        names.truncate(keep);
+    }
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    let quiet = crate::now_ms() / 1000 - md.ctime() > CACHE_QUIET_SECS;
+    if let (Some(cp), true) = (&cache_path, quiet) {
+        let c = RecentCache { version: 1, ino: md.ino(), ctime_sec: md.ctime(), ctime_nsec: md.ctime_nsec(), total, names: names.clone() };
+        if let Ok(bytes) = serde_json::to_vec(&c) {
+            let _ = fsutil::mkdir_private_all(&l.daemon_dir().join("recent-cache")).and_then(|_| fsutil::write_atomic(cp, &bytes, false));
+        }
+    }
+    let all = total <= want;
+    names.truncate(want);
+    (names, all)
 }
 
 fn validate_marker(l: &Layout, path: &Path) -> Option<Status> {
