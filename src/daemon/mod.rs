@@ -672,7 +672,7 @@ impl Daemon {
             let dir = self.layout.run_dir(&q.run_id);
             match supervisor::spawn_runner(&self.exe, &dir) {
                 Ok(child) => {
-                    tracing::info!(run_id = %q.run_id, pid = child.id(), "runner started");
+                    tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }
                 Err(e) if is_capacity(&e) => {
