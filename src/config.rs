@@ -135,9 +135,51 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, String> {
-        let c: Config = toml::from_str(text).map_err(|e| e.message().to_string() + &span_hint(&e))?;
+        // The path names the key of a value of the wrong type (toml's own
+        // message does not); for an unknown key it names the table.
+        let c: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let key = e.path().to_string();
+            let e = e.into_inner();
+            let at = span_hint(text, &e);
+            if key.is_empty() || key == "." {
+                format!("{}{at}", e.message())
+            } else {
+                format!("{key}: {}{at}", e.message())
+            }
+        })?;
         c.check()?;
         Ok(c)
+    }
+
+    /// What differs from `old`, one `key old -> new` item per change, for
+    /// the SIGHUP report. Keys that only a restart applies say so.
+    pub fn changes_from(&self, old: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut item = |key: &str, a: String, b: String, restart: bool| {
+            if a != b {
+                out.push(format!("{key} {a} -> {b}{}", if restart { " (applies at the next daemon start)" } else { "" }));
+            }
+        };
+        let root = |r: &Option<PathBuf>| r.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into());
+        item("root", root(&old.root), root(&self.root), true);
+        item("max_running", old.max_running.to_string(), self.max_running.to_string(), false);
+        item("retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
+        item("watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
+        item("watch.poll_interval_ms", old.watch.poll_interval_ms.to_string(), self.watch.poll_interval_ms.to_string(), true);
+        item("watch.rescan_interval_s", old.watch.rescan_interval_s.to_string(), self.watch.rescan_interval_s.to_string(), false);
+        item("storage.min_free_bytes", old.storage.min_free_bytes.to_string(), self.storage.min_free_bytes.to_string(), false);
+        item("log.level", old.log.level.clone(), self.log.level.clone(), false);
+        for (name, p) in &self.providers {
+            match old.providers.get(name) {
+                None => out.push(format!("providers.{name} added")),
+                Some(o) if o != p => out.push(format!("providers.{name} changed")),
+                Some(_) => {}
+            }
+        }
+        for name in old.providers.keys().filter(|n| !self.providers.contains_key(*n)) {
+            out.push(format!("providers.{name} removed"));
+        }
+        out
     }
 
     fn check(&self) -> Result<(), String> {
@@ -183,8 +225,13 @@ impl Config {
     }
 }
 
-fn span_hint(e: &toml::de::Error) -> String {
-    e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default()
+fn span_hint(text: &str, e: &toml::de::Error) -> String {
+    e.span()
+        .map(|s| {
+            let before = &text[..s.start.min(text.len())];
+            format!(" (line {})", before.matches('\n').count() + 1)
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -217,6 +264,31 @@ mod tests {
         assert!(e.contains("max_runing"), "{e}");
         let e = Config::parse("[watch]\nstrategi = \"poll\"").unwrap_err();
         assert!(e.contains("strategi"), "{e}");
+    }
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = Config::parse("max_running = 2\nno_such_key = 1\n").unwrap_err();
+        assert!(e.contains("no_such_key") && e.contains("line 2"), "{e}");
+        let e = Config::parse("[log]\nlevel = 3\n").unwrap_err();
+        assert!(e.contains("log.level"), "{e}");
+        let e = Config::parse("max_running = \"two\"").unwrap_err();
+        assert!(e.contains("max_running"), "{e}");
+    }
+    #[test]
+    fn changes_are_listed() {
+        let old = Config::parse("max_running = 1\n[providers.a]\ntype = \"slurm\"\n").unwrap();
+        let new = Config::parse("max_running = 2\n[log]\nlevel = \"debug\"\n[watch]\nstrategy = \"poll\"\n[providers.b]\ntype = \"slurm\"\n").unwrap();
+        assert_eq!(
+            new.changes_from(&old),
+            vec![
+                "max_running 1 -> 2",
+                "watch.strategy auto -> poll (applies at the next daemon start)",
+                "log.level info -> debug",
+                "providers.b added",
+                "providers.a removed",
+            ]
+        );
+        assert!(old.changes_from(&old).is_empty());
     }
     #[test]
     fn providers() {

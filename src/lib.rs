@@ -19,6 +19,7 @@ macro_rules! note {
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod logging;
 pub mod platform;
 pub mod protocol;
 pub mod providers;

@@ -192,19 +192,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms as u64))
 }
 
-fn init_logging(default: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("RUNSPOOL_LOG").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        // On a full disk a runner's stderr (a file) cannot be written: the
-        // default would report that with eprintln!, which panics.
-        .log_internal_errors(false)
-        .try_init();
-}
-
 pub fn main() -> i32 {
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Daemon { .. } | Cmd::Runner { .. }) {
@@ -215,7 +202,7 @@ pub fn main() -> i32 {
     }
     match cli.cmd {
         Cmd::Runner { run_dir } => {
-            init_logging("info");
+            crate::logging::init("info", false);
             crate::runner::main(&run_dir)
         }
         Cmd::Providers { config, json } => crate::providers::cli_main(config.as_deref(), json),
@@ -223,16 +210,16 @@ pub fn main() -> i32 {
         Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
         Cmd::Daemon { config } => {
             let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
-            init_logging(&level);
+            crate::logging::init(&level, true);
             let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
                 Ok(d) => d,
                 Err(e) => {
-                    eprintln!("runspool daemon: {e}");
+                    crate::logging::fatal(&e.to_string());
                     return 1;
                 }
             };
             if let Err(e) = crate::daemon::forward_signals(d.sender()) {
-                eprintln!("runspool daemon: cannot install signal handlers: {e}");
+                crate::logging::fatal(&format!("cannot install signal handlers: {e}"));
                 return 1;
             }
             d.run()

@@ -291,7 +291,7 @@ impl Bridge {
                 let key = (run_id.to_string(), id.to_string());
                 self.inflight.insert(key.clone());
                 let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
-                if !spawn_worker(id, move || work.operation(req, lock)) {
+                if !spawn_worker(run_id, id, move || work.operation(req, lock)) {
                     self.inflight.remove(&key);
                 }
             }
@@ -358,7 +358,7 @@ impl Bridge {
         let key = (run_id.to_string(), id.clone());
         self.inflight.insert(key.clone());
         let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.clone(), provider, limit };
-        if !spawn_worker(&id, move || work.start(req)) {
+        if !spawn_worker(run_id, &id, move || work.start(req)) {
             self.inflight.remove(&key);
         }
     }
@@ -441,7 +441,7 @@ impl Bridge {
         self.inflight.insert(key.clone());
         let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
         let msg = abandoned("the provider finds no job it started for it").message;
-        if !spawn_worker(id, move || work.recover(creq, msg)) {
+        if !spawn_worker(run_id, id, move || work.recover(creq, msg)) {
             self.inflight.remove(&key);
         }
         true
@@ -530,12 +530,12 @@ impl Work {
         if let Ok(h) = &r {
             // The handle is durable before anyone hears of it (§8.2).
             if let Err(e) = write_retrying(&claim.join("handle.json"), &to_json(h), true) {
-                tracing::error!(run_id = %self.run_id, request = %self.id, error = %e, "cannot save the job handle");
+                tracing::error!(error = %e, "cannot save the job handle");
             }
-            tracing::info!(run_id = %self.run_id, request = %self.id, job = %h.provider_job_id, "external job started");
+            tracing::info!(job = %h.provider_job_id, "external job started");
         }
         if let Err(f) = &r {
-            tracing::warn!(run_id = %self.run_id, request = %self.id, code = %f.code, message = %f.message, "external job start failed");
+            tracing::warn!(code = %f.code, detail = %f.message, "external job start failed");
         }
         let _ = respond(&self.dir, &self.id, "start", &req.provider, r);
         let _ = write_completed(&claim);
@@ -546,7 +546,7 @@ impl Work {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
         match self.call(Operation::Start, &req, true) {
             Ok(Some(h)) => {
-                tracing::warn!(run_id = %self.run_id, request = %self.id, job = %h.provider_job_id, "adopted the job a dead servicer had started");
+                tracing::warn!(job = %h.provider_job_id, "adopted the job a dead servicer had started");
                 let _ = write_retrying(&claim.join("handle.json"), &to_json(&h), true);
                 let _ = respond(&self.dir, &self.id, "start", &req.provider, Ok(h));
                 let _ = write_completed(&claim);
@@ -558,7 +558,7 @@ impl Work {
                 self.finish(false);
             }
             Err(f) => {
-                tracing::warn!(run_id = %self.run_id, request = %self.id, code = %f.code, message = %f.message, "looking up a dead servicer's job failed; will ask again");
+                tracing::warn!(code = %f.code, detail = %f.message, "looking up a dead servicer's job failed; will ask again");
                 self.finish(true);
             }
         }
@@ -571,7 +571,7 @@ impl Work {
         if !resp.exists() {
             let r = self.call(req.operation, &req, false).map(|h| h.expect("call returns a handle"));
             if let Err(f) = &r {
-                tracing::debug!(run_id = %self.run_id, request = %self.id, op = req.operation.as_str(), code = %f.code, "bridge operation failed");
+                tracing::debug!(op = req.operation.as_str(), code = %f.code, "bridge operation failed");
             }
             if respond(&self.dir, &self.id, req.operation.as_str(), &req.provider, r).is_err() {
                 drop(lock);
@@ -591,12 +591,16 @@ impl Work {
 /// False when no thread could be started; the request stays on disk (a start
 /// claim without a tombstone is recovered as ours) and is taken again later.
 #[must_use]
-fn spawn_worker(id: &str, f: impl FnOnce() + Send + 'static) -> bool {
+fn spawn_worker(run_id: &str, id: &str, f: impl FnOnce() + Send + 'static) -> bool {
     let name = format!("bridge-{}", id.chars().take(40).collect::<String>());
-    match std::thread::Builder::new().name(name).spawn(f) {
+    // Everything the worker logs (the provider's lines too) carries the run
+    // and request ids (RUN_ID= in the journal). Error level, so the span is
+    // enabled whenever any of its events is.
+    let span = tracing::error_span!("bridge", run_id = %run_id, request = %id);
+    match std::thread::Builder::new().name(name).spawn(move || span.in_scope(f)) {
         Ok(_) => true,
         Err(e) => {
-            tracing::error!(error = %e, request = id, "cannot start a bridge worker thread; will retry");
+            tracing::error!(run_id, request = id, error = %e, "cannot start a bridge worker thread; will retry");
             false
         }
     }

@@ -452,6 +452,7 @@ impl Daemon {
     }
 
     fn rescan(&mut self) {
+        tracing::debug!(queued = self.queued.len(), running = self.running.len(), "periodic rescan");
         self.spool_dirty = true;
         if self.watch.spool_replaced() {
             self.watch.replace("the spool directory was replaced");
@@ -688,7 +689,7 @@ impl Daemon {
             let dir = self.layout.run_dir(&q.run_id);
             match supervisor::spawn_runner(&self.exe, &dir) {
                 Ok(child) => {
-                    tracing::info!(run_id = %q.run_id, pid = child.id(), "runner started");
+                    tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }
                 Err(e) if is_capacity(&e) => {
@@ -720,22 +721,61 @@ impl Daemon {
         }
     }
 
+    /// SIGHUP: re-read the config file and say what changed, or why the new
+    /// file was refused (the running configuration then stays).
     fn reload(&mut self) {
-        match Config::load(self.config_path.as_deref()) {
-            Ok(new) => {
-                if new == self.cfg {
-                    tracing::info!("configuration reloaded: nothing changed");
-                } else {
-                    tracing::info!(
-                        max_running = new.max_running, retention_days = new.retention_days,
-                        providers = new.providers.len(), "configuration reloaded"
-                    );
-                    self.bridge.set_providers(&new);
-                    self.cfg = new;
-                }
+        use crate::logging::{self, LevelChange};
+        let file = self
+            .config_path
+            .clone()
+            .or_else(crate::config::default_path)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "(no config file: defaults)".into());
+        let new = match Config::load(self.config_path.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(config = %file, "configuration refused, keeping the running one: {e}");
+                return;
             }
-            Err(e) => tracing::error!(error = %e, "configuration refused; keeping the running one"),
+        };
+        let mut changes = new.changes_from(&self.cfg);
+        if changes.is_empty() {
+            tracing::info!(config = %file, "configuration reloaded: nothing changed");
+            return;
         }
+        // A quieter level is applied after the report, a louder one before,
+        // so the report itself is never filtered out.
+        let (old_level, new_level) = (self.cfg.log.level.clone(), new.log.level.clone());
+        let mut quieter_later = false;
+        if old_level != new_level {
+            if let Some(v) = logging::env_level() {
+                note_level(&mut changes, &format!("not applied: {} = {v} is set and wins", logging::LEVEL_ENV));
+            } else if logging::verbosity(&new_level) >= logging::verbosity(&old_level) {
+                if let LevelChange::Failed(e) = logging::set_config_level(&new_level) {
+                    note_level(&mut changes, &format!("not applied: {e}"));
+                }
+            } else {
+                quieter_later = true;
+            }
+        }
+        tracing::info!(config = %file, "configuration reloaded: {}", changes.join("; "));
+        if quieter_later {
+            if let LevelChange::Failed(e) = logging::set_config_level(&new_level) {
+                tracing::warn!(config = %file, "log.level {new_level} not applied: {e}");
+            }
+        }
+        if new.providers != self.cfg.providers {
+            self.bridge.set_providers(&new);
+        }
+        if new.watch.rescan_interval_s != self.cfg.watch.rescan_interval_s {
+            self.next_rescan = self.next_rescan.min(Instant::now() + Duration::from_secs(new.watch.rescan_interval_s));
+        }
+        if new.retention_days != self.cfg.retention_days {
+            self.next_retention = Instant::now();
+        }
+        // A new max_running or storage floor takes effect in the next turn.
+        self.spool_dirty = true;
+        self.cfg = new;
     }
 
     fn write_report(&mut self, force: bool) {
@@ -786,6 +826,13 @@ impl Daemon {
             }
         }
         tracing::info!(running = self.running.len(), queued = self.queued.len(), "runspool daemon stopped");
+    }
+}
+
+/// Append a remark to the `log.level` item of a reload report.
+fn note_level(changes: &mut [String], remark: &str) {
+    if let Some(c) = changes.iter_mut().find(|c| c.starts_with("log.level ")) {
+        c.push_str(&format!(" ({remark})"));
     }
 }
 

@@ -269,7 +269,7 @@ impl Claimer<'_> {
         drop(lock);
         let _ = fsync_dir(&dir);
         let _ = fsync_dir(&self.layout.spool());
-        tracing::info!(run_id = %run_id, request = name, priority = req.priority, "claimed");
+        tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
         match finish_claim(self.w, self.layout, &run_id, &req) {
             Ok(s) => Outcome::Claimed(Box::new(s)),
             Err(e) if is_capacity(&e) => Outcome::Capacity(e),
@@ -447,7 +447,7 @@ fn reject_entry_seen(
     }
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     write_error_file(w, &err, &file, r)?;
-    tracing::warn!(request = name, code = r.code, "rejected: {}", r.message);
+    tracing::warn!(request = name, run_id = run.as_ref().map(|(id, _)| id.as_str()), code = r.code, "rejected: {}", r.message);
     if let Some((run_id, body)) = run {
         // Not `exists()`: a dangling symlink there must not be written through.
         if std::fs::symlink_metadata(l.run_dir(&run_id)).is_err() {

@@ -94,7 +94,7 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
         Some(s)
     })?;
     if s.is_some_and(|s| s.state == State::Failed) {
-        tracing::warn!(run_id, pid, "repaired a run whose runner died");
+        tracing::warn!(run_id, runner_pid = pid, "repaired a run whose runner died");
         run::event(w, &dir, run_id, "subagent.run.repaired_stale", json!({"pid": pid, "message": message}));
     }
     Ok(())
