@@ -113,7 +113,11 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
     // Service integration (Linux user services).
     if cfg!(target_os = "linux") {
         let journal = Path::new("/run/systemd/journal/socket").exists();
-        checks.push(check("journald", if journal { "ok" } else { "warn" }, if journal { "journal socket reachable" } else { "no journal socket; logs go to stderr" }));
+        checks.push(check("journald", if journal { "ok" } else { "warn" }, if journal {
+            "journal socket reachable; the service logs there (journalctl --user -u runspool RUN_ID=<run>)"
+        } else {
+            "no journal socket: a service's log is lost unless its stderr goes to a file (a drop-in with StandardOutput=append:FILE, see docs/operations.md); `runspool daemon` in a terminal logs to stderr"
+        }));
         if let Some(home) = std::env::var_os("HOME") {
             let unit = Path::new(&home).join(".config/systemd/user/runspool.service");
             let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();

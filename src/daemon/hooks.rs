@@ -212,7 +212,7 @@ impl Hooks {
                 }
                 record.pid = Some(child.id());
                 let _ = write_record(&dir, &record);
-                tracing::info!(run_id, hook = name, pid = child.id(), "hook started");
+                tracing::info!(run_id, hook = name, hook_pid = child.id(), "hook started");
                 let now = Instant::now();
                 self.running.push(Running {
                     run_id: run_id.to_string(),
