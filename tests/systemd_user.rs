@@ -350,6 +350,11 @@ fn systemd_user_service() {
     assert!(stdout_str(&o).contains(&format!("Status: \"{}", st["StatusText"].split(';').next().unwrap())), "{}", describe(&o));
     let o = s.ok("runspool service status", &bin, &["service", "status"]);
     assert!(stdout_str(&o).contains("Status: \"watching "), "{}", describe(&o));
+    let o = s.ok("runspool service status --json", &bin, &["service", "status", "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("service status --json prints JSON");
+    assert_eq!((j["ActiveState"].as_str(), j["SubState"].as_str()), (Some("active"), Some("running")), "{j}");
+    assert_eq!(j["MainPID"].as_i64().map(|p| p.to_string()), Some(st["MainPID"].clone()), "{j}");
+    assert!(j["StatusText"].as_str().unwrap_or("").starts_with("watching "), "{j}");
     let first = st["MainPID"].parse::<i64>().unwrap();
     let d = read_json(&s.root().join("runspool/daemon.json")).expect("daemon.json");
     assert_eq!(d["pid"].as_i64(), Some(first), "daemon.json names the service's MainPID");

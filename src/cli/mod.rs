@@ -166,7 +166,11 @@ enum ServiceCmd {
     /// Restart the service (runs keep running and are re-adopted)
     Restart,
     /// Show the service manager's view, with the daemon's STATUS line
-    Status,
+    Status {
+        /// Print the manager's properties (state, MainPID, NRestarts, StatusText) as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the daemon's log (journalctl --user -u runspool)
     Logs {
         /// Keep printing new lines
@@ -245,7 +249,8 @@ pub fn main() -> i32 {
                     ServiceCmd::Start => crate::service::control("start"),
                     ServiceCmd::Stop => crate::service::control("stop"),
                     ServiceCmd::Restart => crate::service::control("restart"),
-                    ServiceCmd::Status => crate::service::control("status"),
+                    ServiceCmd::Status { json: false } => crate::service::control("status"),
+                    ServiceCmd::Status { json: true } => crate::service::status_json(),
                     ServiceCmd::Logs { follow } => crate::service::logs(follow),
                 },
                 Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } | Cmd::Config(_) => unreachable!(),

@@ -174,6 +174,53 @@ pub fn control(verb: &str) -> anyhow::Result<i32> {
     run(&mut systemctl(&[verb, UNIT_NAME]))
 }
 
+/// `runspool service status --json`: the service manager's view as one JSON
+/// object (systemd: the properties of `systemctl --user show`; launchd: the
+/// state and pid lines of `launchctl print`). Exit 0 when the service runs,
+/// 3 when it does not (as `systemctl status`).
+pub fn status_json() -> anyhow::Result<i32> {
+    let mut v = serde_json::Map::new();
+    let running;
+    if cfg!(target_os = "macos") {
+        let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain());
+        v.insert("manager".into(), "launchd".into());
+        v.insert("label".into(), LAUNCHD_LABEL.into());
+        let o = Command::new("launchctl").args(["print", &target]).output().context("cannot run launchctl")?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        v.insert("loaded".into(), o.status.success().into());
+        for line in text.lines().map(str::trim) {
+            for key in ["state", "pid", "last exit code"] {
+                if let Some(val) = line.strip_prefix(key).and_then(|r| r.trim_start().strip_prefix('=')) {
+                    v.entry(key.replace(' ', "_")).or_insert_with(|| val.trim().into());
+                }
+            }
+        }
+        running = v.get("state").and_then(|s| s.as_str()) == Some("running");
+    } else {
+        const PROPS: &str = "LoadState,UnitFileState,ActiveState,SubState,Result,MainPID,NRestarts,StatusText,ActiveEnterTimestamp,FragmentPath";
+        let o = systemctl(&["show", UNIT_NAME, "-p", PROPS])
+            .output()
+            .context("cannot run systemctl --user; is systemd installed and a user manager running (XDG_RUNTIME_DIR)?")?;
+        if !o.status.success() {
+            bail!("systemctl --user show {UNIT_NAME} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
+        }
+        v.insert("manager".into(), "systemd".into());
+        v.insert("unit".into(), UNIT_NAME.into());
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            if let Some((k, val)) = line.split_once('=') {
+                let j: serde_json::Value = match k {
+                    "MainPID" | "NRestarts" => val.parse::<u64>().map(Into::into).unwrap_or_else(|_| val.into()),
+                    _ => val.into(),
+                };
+                v.insert(k.to_string(), j);
+            }
+        }
+        running = v.get("ActiveState").and_then(|s| s.as_str()) == Some("active");
+    }
+    println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(v))?);
+    Ok(if running { 0 } else { 3 })
+}
+
 pub fn logs(follow: bool) -> anyhow::Result<i32> {
     if cfg!(target_os = "macos") {
         let log = home()?.join("Library/Logs/runspool/runspool.log");
