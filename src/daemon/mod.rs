@@ -31,6 +31,9 @@ use report::{DaemonStatus, RunCounts, StorageInfo, WatchInfo};
 use spool::{Claimer, Outcome};
 use watch::{Hint, Watch};
 
+/// Run counts in daemon.json and STATUS= lag by at most this much.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+
 /// Most claims per loop turn, so a flood of requests never starves the
 /// scheduler and the liveness checks.
 const CLAIMS_PER_TURN: usize = 256;
@@ -122,6 +125,8 @@ pub struct Daemon {
     seq: u64,
     report: DaemonStatus,
     last_report_write: Instant,
+    /// Counts changed but were written less than REPORT_EVERY ago.
+    report_due: Option<Instant>,
     spool_dirty: bool,
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
@@ -216,6 +221,7 @@ impl Daemon {
             seq: 0,
             report,
             last_report_write: Instant::now(),
+            report_due: None,
             spool_dirty: true,
             watch_failed: None,
             spool_backlog: Default::default(),
@@ -378,6 +384,9 @@ impl Daemon {
         }
         if let Some(h) = self.hooks.next_wake() {
             t = t.min(h);
+        }
+        if let Some(r) = self.report_due {
+            t = t.min(r);
         }
         if let Some(w) = self.watchdog {
             t = t.min(self.last_watchdog + w);
@@ -797,8 +806,19 @@ impl Daemon {
             None => StorageInfo { state: "ok".into(), reason: None, since: None },
         };
         if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
+            self.report_due = None;
             return;
         }
+        // Perf: run counts change with every claim and every exit; in a burst,
+        // rewriting daemon.json (and STATUS=) each time competed with the
+        // runners for the CPU. Counts are written at most every REPORT_EVERY;
+        // a change of storage or watch state goes out at once.
+        let urgent = r.storage.state != self.report.storage.state || r.watch.backend != self.report.watch.backend;
+        if !force && !urgent && self.last_report_write.elapsed() < REPORT_EVERY {
+            self.report_due = Some(self.last_report_write + REPORT_EVERY);
+            return;
+        }
+        self.report_due = None;
         report::sd_notify(&format!(
             "STATUS=watching {}; {} running, {} queued; storage {}",
             r.watch.backend, r.runs.running, r.runs.queued, r.storage.state
