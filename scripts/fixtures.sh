@@ -2,7 +2,7 @@
 # Install the system tools the fault tests use, when missing. Idempotent;
 # needs root (apt-get). Tests call it themselves, so `cargo test` as root
 # on a fresh Debian machine has what it needs.
-#   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit journald
+#   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit journald xmllint
 set -euo pipefail
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(bindfs btrfs strace prlimit)
@@ -14,6 +14,7 @@ for t in "${want[@]}"; do
     strace)  command -v strace >/dev/null || pkgs+=(strace) ;;
     prlimit) command -v prlimit >/dev/null || pkgs+=(util-linux) ;;
     journald) { [ -x /lib/systemd/systemd-journald ] || [ -x /usr/lib/systemd/systemd-journald ]; } && command -v journalctl >/dev/null || pkgs+=(systemd) ;;
+    xmllint) command -v xmllint >/dev/null || pkgs+=(libxml2-utils) ;;
     *) echo "fixtures.sh: unknown tool $t" >&2; exit 2 ;;
   esac
 done

@@ -96,7 +96,32 @@ fn shipped_unit_and_plist_are_well_formed() {
             .output()
             .unwrap();
         assert!(out.status.success(), "plist: {}", String::from_utf8_lossy(&out.stderr));
+        let keys = Command::new("python3")
+            .args([
+                "-c",
+                "import plistlib,sys; d=plistlib.load(open(sys.argv[1],'rb')); \
+                 assert d['KeepAlive']=={'SuccessfulExit': False}, d['KeepAlive']; \
+                 assert d['ProcessType']=='Background', d['ProcessType']; \
+                 assert d['Label']=='dev.runspool.daemon'; assert 'StandardErrorPath' in d",
+            ])
+            .arg(&plist)
+            .output()
+            .unwrap();
+        assert!(keys.status.success(), "plist keys: {}", String::from_utf8_lossy(&keys.stderr));
     } else {
         eprintln!("skipped: python3 is not installed; the plist was not parsed");
     }
+    // xmllint: well-formed XML (installed by scripts/fixtures.sh when we are root).
+    if nix_is_root() {
+        let fx = Command::new("bash").arg(root.join("scripts/fixtures.sh")).arg("xmllint").status().unwrap();
+        assert!(fx.success(), "scripts/fixtures.sh xmllint failed");
+    }
+    match Command::new("xmllint").arg("--noout").arg(&plist).output() {
+        Ok(o) => assert!(o.status.success() && o.stderr.is_empty(), "xmllint: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(_) => eprintln!("SKIP xmllint check: xmllint is not installed and we are not root to install it (libxml2-utils)"),
+    }
+}
+
+fn nix_is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
 }
