@@ -78,3 +78,30 @@ fn timeout_exits_124_and_the_run_goes_on() {
     std::fs::write(&gate, b"go").unwrap();
     assert_eq!(env.wait_terminal("w-slow")["state"], "complete");
 }
+
+/// Every read command speaks JSON: `logs --json` here (status, list, wait,
+/// doctor, providers, config check and service status have their own tests).
+#[test]
+fn logs_and_doctor_json() {
+    let mut env = TestEnv::new();
+    let cfg = format!("{DEFAULT_CONFIG}[hooks]\non_failure = [\"/nonexistent/hook-prog\"]\n");
+    env.write_config(&cfg);
+    env.start_daemon();
+    env.submit(&request(Some("lj"), &env.work, vec![sh_step("one", "echo first-out"), sh_step("two", "echo second-out; exit 4")]));
+    env.wait_terminal("lj");
+    let o = env.cli(&["logs", "lj", "--json"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("logs --json prints JSON");
+    assert_eq!(v[0]["agent"], "one");
+    assert!(v[0]["output"].as_str().unwrap().contains("first-out"), "{v}");
+    assert_eq!(v[1]["exitCode"], 4);
+    assert_eq!(v[1]["status"], "failed");
+    let o = env.cli(&["logs", "lj", "--json", "--follow"]);
+    assert!(!o.status.success(), "--json with --follow is refused: {}", describe(&o));
+
+    let o = env.cli(&["doctor", "--json", "--config", env.config_path.to_str().unwrap()]);
+    let d: Value = serde_json::from_slice(&o.stdout).expect("doctor --json prints JSON");
+    let hook = d["checks"].as_array().unwrap().iter().find(|c| c["check"] == "hook").cloned().expect("a hook check");
+    assert_eq!(hook["level"], "warn", "{hook}");
+    assert!(hook["detail"].as_str().unwrap().contains("/nonexistent/hook-prog"), "{hook}");
+}

@@ -119,12 +119,15 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             "no journal socket: a service's log is lost unless its stderr goes to a file (a drop-in with StandardOutput=append:FILE, see docs/operations.md); `runspool daemon` in a terminal logs to stderr"
         }));
         if let Some(home) = std::env::var_os("HOME") {
-            let unit = Path::new(&home).join(".config/systemd/user/runspool.service");
+            // Installed by `runspool service install` (per user) or by the package (system-wide).
+            let unit = [Path::new(&home).join(".config/systemd/user/runspool.service"), "/usr/lib/systemd/user/runspool.service".into()]
+                .into_iter()
+                .find(|p| p.exists());
             let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();
-            checks.push(match (unit.exists(), enabled) {
-                (true, true) => check("unit", "ok", format!("{} installed and enabled", unit.display())),
-                (true, false) => check("unit", "warn", format!("{} installed but not enabled: systemctl --user enable runspool", unit.display())),
-                _ => check("unit", "warn", "no user unit installed: see systemd/runspool.service"),
+            checks.push(match (unit, enabled) {
+                (Some(u), true) => check("unit", "ok", format!("{} installed and enabled", u.display())),
+                (Some(u), false) => check("unit", "warn", format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display())),
+                (None, _) => check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one"),
             });
         }
         if let Some(user) = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten() {
@@ -146,6 +149,19 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                 if found { "ok" } else { "fail" },
                 format!("{name} ({}): `{exe}` {}", p.kind, if found { "found" } else { "not found or not executable; install it or fix the path in the config" }),
             ));
+        }
+    }
+    // Hook programs (they run with the daemon's PATH).
+    if let Some(c) = &cfg {
+        for (key, cmd) in [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)] {
+            if let Some(prog) = cmd.first() {
+                let found = find_executable(prog);
+                checks.push(check(
+                    "hook",
+                    if found { "ok" } else { "warn" },
+                    format!("{key}: `{prog}` {}", if found { "found" } else { "not found on PATH; the hook will fail until it is installed" }),
+                ));
+            }
         }
     }
     let failed = checks.iter().any(|c| c.level == "fail");

@@ -227,7 +227,7 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     Ok(0)
 }
 
-pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool) -> anyhow::Result<i32> {
+pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_out: bool) -> anyhow::Result<i32> {
     let id = resolve(layout, run)?;
     let dir = layout.run_dir(&id);
     let s = load(layout, &id)?;
@@ -236,6 +236,22 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool) -> an
         Some(i) => bail!("run {id} has {} steps; --step {i} is out of range", s.steps.len()),
         None => (0..s.steps.len()).collect(),
     };
+    if json_out {
+        let v: Vec<serde_json::Value> = steps
+            .iter()
+            .map(|&i| {
+                let path = RunPaths::output(&dir, i);
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                json!({
+                    "step": i, "agent": s.steps[i].agent, "status": s.steps[i].status, "exitCode": s.steps[i].exit_code,
+                    "outputFile": path.display().to_string(), "bytes": bytes.len(),
+                    "output": String::from_utf8_lossy(&bytes),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
     let mut offsets = vec![0u64; s.steps.len()];
     let mut out = std::io::stdout();
     loop {

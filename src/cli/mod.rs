@@ -129,6 +129,9 @@ enum Cmd {
         /// Keep printing new output until the run ends
         #[arg(short, long)]
         follow: bool,
+        /// Print each step's output as a JSON array (step, agent, status, exitCode, output)
+        #[arg(long, conflicts_with = "follow")]
+        json: bool,
     },
 }
 
@@ -238,7 +241,7 @@ pub fn main() -> i32 {
                 Cmd::List { active, recent, session, json } => inspect::list(&layout, active, recent, session.as_deref(), json),
                 Cmd::Wait { run, timeout, json } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None, json)),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
-                Cmd::Logs { run, step, follow } => inspect::logs(&layout, &run, step, follow),
+                Cmd::Logs { run, step, follow, json } => inspect::logs(&layout, &run, step, follow, json),
                 Cmd::Service(sc) => match sc {
                     ServiceCmd::Install { config } => {
                         let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
