@@ -146,7 +146,7 @@ pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32
     std::fs::write(&path, render_unit(&args)).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: wrote {}", path.display());
     if Path::new(PACKAGED_UNIT).exists() {
-        eprintln!("runspool: note: it overrides the packaged {PACKAGED_UNIT}; `runspool service uninstall` goes back to that one");
+        eprintln!("runspool: note: it overrides the packaged {PACKAGED_UNIT} (`runspool service uninstall` removes it again)");
     }
     must(&mut systemctl(&["daemon-reload"]))?;
     must(&mut systemctl(&["enable", UNIT_NAME]))?;
