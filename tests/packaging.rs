@@ -334,5 +334,5 @@ fn homebrew_formula_is_ruby_and_its_service_is_the_plist() {
     for k in ["log_path", "error_log_path"] {
         assert!(s[k].as_str().is_some_and(|p| p.ends_with("/var/log/runspool.log")), "{k}: {s}");
     }
-    eprintln!("Homebrew formula: service block matches {}", "launchd/dev.runspool.daemon.plist");
+    eprintln!("Homebrew formula: service block matches launchd/dev.runspool.daemon.plist");
 }
