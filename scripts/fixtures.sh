@@ -3,6 +3,8 @@
 # needs root (apt-get). Tests call it themselves, so `cargo test` as root
 # on a fresh Debian machine has what it needs.
 #   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit journald xmllint
+#                                     groff ruby rpm rpmlint (packaging tests;
+#                                     not in the default set)
 set -euo pipefail
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(bindfs btrfs strace prlimit)
@@ -13,6 +15,10 @@ for t in "${want[@]}"; do
     btrfs)   command -v mkfs.btrfs >/dev/null || pkgs+=(btrfs-progs) ;;
     strace)  command -v strace >/dev/null || pkgs+=(strace) ;;
     prlimit) command -v prlimit >/dev/null || pkgs+=(util-linux) ;;
+    groff)   command -v groff >/dev/null || pkgs+=(groff-base) ;;
+    ruby)    command -v ruby >/dev/null || pkgs+=(ruby) ;;
+    rpm)     command -v rpmspec >/dev/null || pkgs+=(rpm) ;;
+    rpmlint) command -v rpmlint >/dev/null || pkgs+=(rpmlint) ;;
     journald) { [ -x /lib/systemd/systemd-journald ] || [ -x /usr/lib/systemd/systemd-journald ]; } && command -v journalctl >/dev/null || pkgs+=(systemd) ;;
     xmllint) command -v xmllint >/dev/null || pkgs+=(libxml2-utils) ;;
     *) echo "fixtures.sh: unknown tool $t" >&2; exit 2 ;;

@@ -2,6 +2,7 @@
 //! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
 
 mod config_cmd;
+mod docs;
 mod doctor;
 pub use doctor::inotify_usage;
 mod inspect;
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::store::Layout;
 
@@ -24,7 +25,15 @@ use crate::store::Layout;
 the daemon claims each exactly once, runs its steps under a detached runner and records everything under \
 <root>/async-subagent-runs/<runId>/.\n\nStart the daemon with `runspool daemon`, then try:\n  \
 runspool submit --wait -- echo hello\n  runspool list\n  runspool logs <run>",
-    after_help = "The root is --root, else $RUNSPOOL_ROOT, else $PI_SUBAGENTS_TEMP_ROOT, else $TMPDIR/pi-subagents-uid-<uid>."
+    after_help = "Examples:
+  runspool service install && runspool service start
+  runspool submit --wait -- make test   # run, wait, exit with its code
+  runspool list --active                # what is queued or running
+  runspool logs --follow <run>          # watch a run's output
+  runspool doctor                       # check root, daemon, service
+
+The root is --root, else $RUNSPOOL_ROOT, else $PI_SUBAGENTS_TEMP_ROOT, else $TMPDIR/pi-subagents-uid-<uid>.
+Run `runspool <command> --help` for each command's options and examples."
 )]
 pub struct Cli {
     /// Root directory (default: $RUNSPOOL_ROOT, $PI_SUBAGENTS_TEMP_ROOT, or $TMPDIR/pi-subagents-uid-<uid>)
@@ -37,6 +46,11 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the resident daemon in the foreground (what the systemd/launchd unit starts)
+    #[command(after_help = "Examples:
+  runspool daemon                       # foreground, logs on stderr
+  RUNSPOOL_LOG=debug runspool --root /tmp/rs daemon   # scratch root
+
+To keep it running across logouts and crashes use `runspool service install` instead.")]
     Daemon {
         /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
@@ -48,6 +62,10 @@ enum Cmd {
     /// Publish a launch request; prints the run id
     Submit(submit::SubmitArgs),
     /// Show one run, or without a run the daemon's health
+    #[command(after_help = "Examples:
+  runspool status                 # is the daemon up, how many runs are queued or running
+  runspool status 3f2a9c1e        # one run, by a unique prefix of its id
+  runspool status --json <run>    # status.json as written on disk")]
     Status {
         /// Run id, or a unique prefix of 8 or more characters
         run: Option<String>,
@@ -56,6 +74,11 @@ enum Cmd {
         json: bool,
     },
     /// List runs from the indexes (active and the most recent terminal ones)
+    #[command(after_help = "Examples:
+  runspool list                   # active runs, then the most recent finished ones
+  runspool list --active          # only queued and running
+  runspool list --recent 5        # the last five finished runs
+  runspool list --session ci --json | jq '.[].state'")]
     List {
         /// Only active (queued or running) runs
         #[arg(long, conflicts_with = "recent")]
@@ -86,6 +109,9 @@ enum Cmd {
         json: bool,
     },
     /// Ask a run to stop (writes control/stop.json; the runner acts on it)
+    #[command(after_help = "Examples:
+  runspool stop <run> --reason \"superseded by a newer build\"
+  runspool stop --interrupt <run>   # SIGINT; the run ends `paused`")]
     Stop {
         run: String,
         /// Why, recorded in the run's status and events
@@ -96,9 +122,23 @@ enum Cmd {
         interrupt: bool,
     },
     /// Install and control the daemon as a user service (systemd --user or launchd)
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  runspool service install && runspool service start
+  runspool --root ~/spool service install --config ~/.config/runspool/ci.toml
+  runspool service logs --follow
+  runspool service unit --bin /usr/bin/runspool   # the unit a package ships
+
+A packaged runspool ships the unit in /usr/lib/systemd/user/, so
+`systemctl --user enable --now runspool` is enough there; `runspool service
+install` writes a per-user copy (for another root or config) that overrides it."
+    )]
     Service(ServiceCmd),
     /// Check the root, the daemon, watching, free space, the service and providers
+    #[command(after_help = "Examples:
+  runspool doctor
+  runspool doctor --json | jq '.checks[] | select(.level != \"ok\")'")]
     Doctor {
         /// Config file to check (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
@@ -121,6 +161,10 @@ enum Cmd {
     #[command(subcommand)]
     Config(ConfigCmd),
     /// Print a run's step output
+    #[command(after_help = "Examples:
+  runspool logs <run>               # every step's output so far
+  runspool logs --step 1 <run>      # only the second step
+  runspool logs -f <run>            # keep printing until the run ends")]
     Logs {
         run: String,
         /// Only this flat step index
@@ -132,6 +176,25 @@ enum Cmd {
         /// Print each step's output as a JSON array (step, agent, status, exitCode, output)
         #[arg(long, conflicts_with = "follow")]
         json: bool,
+    },
+    /// Print a shell completion script for bash, zsh, fish, elvish or powershell
+    #[command(after_help = "Examples:
+  runspool completions bash > ~/.local/share/bash-completion/completions/runspool
+  runspool completions zsh > \"${fpath[1]}/_runspool\"
+  runspool completions fish > ~/.config/fish/completions/runspool.fish")]
+    Completions {
+        /// The shell to complete for
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or write one page per command into a directory
+    #[command(after_help = "Examples:
+  runspool man | man -l -
+  runspool man --dir ~/.local/share/man/man1")]
+    Man {
+        /// Write runspool.1 and a runspool-<command>.1 for every command here instead
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -180,6 +243,15 @@ enum ServiceCmd {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Print the systemd user unit `install` would write, without writing it
+    Unit {
+        /// The runspool binary the unit starts (default: this one)
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
+        /// Config file the service's daemon reads
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
 }
 
 /// Parse `500ms`, `30s`, `5m`, `1h`, `2d` or bare seconds.
@@ -215,6 +287,8 @@ pub fn main() -> i32 {
         Cmd::Providers { config, json } => crate::providers::cli_main(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Check { config, json }) => config_cmd::check(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
+        Cmd::Completions { shell } => docs::completions(shell, Cli::command()),
+        Cmd::Man { dir } => docs::man(Cli::command(), dir.as_deref()),
         Cmd::Daemon { config } => {
             let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             crate::logging::init(&level, true);
@@ -255,8 +329,13 @@ pub fn main() -> i32 {
                     ServiceCmd::Status { json: false } => crate::service::control("status"),
                     ServiceCmd::Status { json: true } => crate::service::status_json(),
                     ServiceCmd::Logs { follow } => crate::service::logs(follow),
+                    ServiceCmd::Unit { bin, config } => {
+                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+                        let root = cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+                        crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
+                    }
                 },
-                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } | Cmd::Config(_) => unreachable!(),
+                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } | Cmd::Config(_) | Cmd::Completions { .. } | Cmd::Man { .. } => unreachable!(),
             };
             match r {
                 Ok(code) => code,

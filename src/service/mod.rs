@@ -66,6 +66,22 @@ pub fn render_plist(args: &[String], log: &Path) -> String {
     out.replace("<string>/tmp/runspool.stderr.log</string>", &format!("<string>{}</string>", xml_escape(&log.display().to_string())))
 }
 
+/// Where a distribution package installs the user unit (the deb and the RPM
+/// spec in packaging/). A unit `install` writes under ~/.config overrides it.
+pub const PACKAGED_UNIT: &str = "/usr/lib/systemd/user/runspool.service";
+
+/// `runspool service unit`: the unit `install` would write, on stdout. With
+/// `--bin /usr/bin/runspool` this is the unit the packages ship, so the
+/// packaging scripts render it from here rather than keeping a copy.
+pub fn print_unit(bin: Option<&Path>, root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32> {
+    let exe = match bin {
+        Some(b) => b.to_path_buf(),
+        None => std::env::current_exe().context("cannot find the runspool binary's own path")?,
+    };
+    print!("{}", render_unit(&daemon_args(&exe, root, config)));
+    Ok(0)
+}
+
 fn home() -> anyhow::Result<PathBuf> {
     std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set; runspool service needs your home directory")
 }
@@ -129,6 +145,9 @@ pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32
     std::fs::create_dir_all(path.parent().unwrap()).with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
     std::fs::write(&path, render_unit(&args)).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: wrote {}", path.display());
+    if Path::new(PACKAGED_UNIT).exists() {
+        eprintln!("runspool: note: it overrides the packaged {PACKAGED_UNIT} (`runspool service uninstall` removes it again)");
+    }
     must(&mut systemctl(&["daemon-reload"]))?;
     must(&mut systemctl(&["enable", UNIT_NAME]))?;
     eprintln!("runspool: enabled; start it with `runspool service start` (or `systemctl --user start runspool`)");
