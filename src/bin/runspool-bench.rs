@@ -1057,10 +1057,18 @@ impl Pueued {
         self.child.as_ref().map(Child::id).unwrap_or(0)
     }
 
-    /// The client, talking to this daemon only.
+    /// The client, talking to this daemon only. pueue stores the client's
+    /// whole environment with every task (and in every `status --json`, and in
+    /// its state file on every change): a small one, like a runspool request
+    /// that carries none, keeps that from weighing on the comparison.
     fn cmd(&self) -> Command {
         let mut c = Command::new(&self.pueue);
-        c.arg("-c").arg(&self.cfg).env("PUEUE_CONFIG_PATH", &self.cfg).stdin(Stdio::null());
+        c.arg("-c").arg(&self.cfg).env_clear().env("PUEUE_CONFIG_PATH", &self.cfg).stdin(Stdio::null());
+        for k in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
         c
     }
 
@@ -1144,7 +1152,8 @@ struct PueueBurst {
 
 /// `n` trivial tasks added one after another with `pueue add -- true` (each add
 /// returns once the daemon has the task); the clock runs from the first add
-/// until `pueue status --json` (polled every 100 ms) shows all of them done.
+/// until `pueue status --json` (polled every 100 ms, or n/5 ms for large n:
+/// the answer grows with n) shows all of them done.
 fn pueue_burst(env: &Env, tools: &PueueTools, n: usize, parallel: usize, keep: bool) -> anyhow::Result<PueueBurst> {
     let d = Pueued::start(tools, env.fresh_root(&format!("pueue-burst{parallel}"))?, parallel, keep)?;
     let t0 = Instant::now();
@@ -1166,7 +1175,7 @@ fn pueue_burst(env: &Env, tools: &PueueTools, n: usize, parallel: usize, keep: b
         if Instant::now() > deadline {
             anyhow::bail!("pueue burst at parallel {parallel}: only {done} of {n} tasks done in time");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis((n as u64 / 5).max(100)));
     };
     let peak_rss_kib = proc_status_kib(d.pid(), "VmHWM:").unwrap_or(0);
     Ok(PueueBurst { parallel, n, secs, add_secs, per_s: n as f64 / secs, peak_rss_kib })
