@@ -1027,7 +1027,18 @@ impl Pueued {
         );
         write_private(&cfg, yml.as_bytes())?;
         let log = File::create(dir.join("pueued.log"))?;
-        let child = Command::new(&tools.pueued)
+        // The same small environment as the client's (see `cmd`): an inherited
+        // RUST_BACKTRACE=1, say, makes pueued capture and symbolise a backtrace
+        // for each error it builds (+40 MiB of RSS, and CPU), which a user's
+        // pueued would not do.
+        let mut daemon = Command::new(&tools.pueued);
+        daemon.env_clear();
+        for k in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(k) {
+                daemon.env(k, v);
+            }
+        }
+        let child = daemon
             .arg("-c")
             .arg(&cfg)
             .env("PUEUE_CONFIG_PATH", &cfg)
