@@ -13,6 +13,9 @@
 //!    runs on disk (time per call, files opened via strace when present);
 //! 5. daemon start-up (re-adoption) with `--active` live runs.
 //!
+//! With `--pueue`, the burst and latency tests also run through pueue
+//! (`pueue add`, a private `pueued`), installed with cargo when missing.
+//!
 //! Timings are printed as a Markdown report (and `--out FILE` as JSON). The
 //! machine is shared and noisy: compare the ratios, not the absolute numbers.
 
