@@ -13,6 +13,9 @@
 //!    runs on disk (time per call, files opened via strace when present);
 //! 5. daemon start-up (re-adoption) with `--active` live runs.
 //!
+//! With `--pueue`, the burst and latency tests also run through pueue
+//! (`pueue add`, a private `pueued`), installed with cargo when missing.
+//!
 //! Timings are printed as a Markdown report (and `--out FILE` as JSON). The
 //! machine is shared and noisy: compare the ratios, not the absolute numbers.
 
@@ -77,6 +80,19 @@ struct Args {
     /// Keep the temporary roots (for inspection)
     #[arg(long)]
     keep: bool,
+    /// Also run the burst and latency tests through pueue (`pueue add`), side by
+    /// side; installs pueue with `cargo install` when it is not on PATH or in ~/.cargo/bin
+    #[arg(long)]
+    pueue: bool,
+    /// Tasks per pueue burst (pueue runs about 5 trivial tasks/s, hence smaller than --burst-n)
+    #[arg(long, default_value_t = 200)]
+    pueue_burst_n: usize,
+    /// Tasks in the pueue latency test
+    #[arg(long, default_value_t = 50)]
+    pueue_latency_n: usize,
+    /// pueue version `cargo install` asks for when pueue is missing
+    #[arg(long, default_value = "4.0.4")]
+    pueue_version: String,
 }
 
 fn main() {
@@ -910,6 +926,373 @@ fn adopt(env: &Env, active: usize, terminal: usize) -> anyhow::Result<AdoptResul
 }
 
 // ---------------------------------------------------------------------------
+// 6. pueue side by side (--pueue)
+//
+// pueue is a task queue with a daemon (`pueued`) and a client (`pueue add`),
+// the nearest existing tool to runspool. A private pueued per test, with its
+// own config, data and runtime directories under the bench's temp root, so the
+// user's own pueue (if any) is never touched.
+// ---------------------------------------------------------------------------
+
+/// The pueue binaries under comparison.
+struct PueueTools {
+    pueue: PathBuf,
+    pueued: PathBuf,
+    version: String,
+    /// Seconds `cargo install` took when the benchmark installed pueue itself.
+    install_secs: Option<f64>,
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `name` on PATH, else in cargo's bin directory (where `cargo install` puts it).
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(h) = std::env::var_os("CARGO_HOME") {
+        dirs.push(PathBuf::from(h).join("bin"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(h).join(".cargo/bin"));
+    }
+    dirs.into_iter().map(|d| d.join(name)).find(|p| is_executable(p))
+}
+
+fn pueue_tools(version: &str) -> anyhow::Result<PueueTools> {
+    let found = || Some((find_tool("pueue")?, find_tool("pueued")?));
+    let mut install_secs = None;
+    let (pueue, pueued) = match found() {
+        Some(p) => p,
+        None => {
+            eprintln!("pueue: not on PATH or in ~/.cargo/bin; installing it with `cargo install pueue --version {version} --locked` (a few minutes) ...");
+            let t = Instant::now();
+            // cargo's own output goes to stderr too: stdout carries the report.
+            use std::os::fd::AsFd;
+            let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+                .args(["install", "pueue", "--version", version, "--locked"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?))
+                .status()?;
+            let secs = t.elapsed().as_secs_f64();
+            if !st.success() {
+                anyhow::bail!("`cargo install pueue --version {version} --locked` failed after {secs:.0} s ({st}); try another --pueue-version");
+            }
+            eprintln!("pueue: installed in {secs:.0} s");
+            install_secs = Some(secs);
+            found().ok_or_else(|| anyhow::anyhow!("pueue installed, but neither PATH nor ~/.cargo/bin has pueue and pueued"))?
+        }
+    };
+    let out = Command::new(&pueue).arg("--version").stdin(Stdio::null()).output()?;
+    let version = String::from_utf8_lossy(&out.stdout).split_whitespace().last().unwrap_or("unknown").to_string();
+    eprintln!("pueue: using pueue {version} ({})", pueue.display());
+    Ok(PueueTools { pueue, pueued, version, install_secs })
+}
+
+/// Wait for a child up to `timeout`; None if it is still running then.
+fn wait_until(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A private pueued; shut down and its directory removed on drop (even on error).
+struct Pueued {
+    pueue: PathBuf,
+    cfg: PathBuf,
+    dir: PathBuf,
+    child: Option<Child>,
+    keep: bool,
+}
+
+impl Pueued {
+    fn start(tools: &PueueTools, dir: PathBuf, parallel: usize, keep: bool) -> anyhow::Result<Pueued> {
+        let (data, runtime) = (dir.join("data"), dir.join("runtime"));
+        mkdirs(&data)?;
+        mkdirs(&runtime)?;
+        let cfg = dir.join("pueue.yml");
+        // JSON strings are valid YAML scalars: safe quoting of the paths.
+        let q = |p: &Path| serde_json::to_string(&p.display().to_string()).unwrap();
+        let yml = format!(
+            "shared:\n  pueue_directory: {}\n  runtime_directory: {}\n  alias_file: {}\n  use_unix_socket: true\n  unix_socket_path: {}\ndaemon:\n  default_parallel_tasks: {parallel}\n",
+            q(&data),
+            q(&runtime),
+            q(&dir.join("aliases.yml")),
+            q(&runtime.join("pueue.socket")),
+        );
+        write_private(&cfg, yml.as_bytes())?;
+        let log = File::create(dir.join("pueued.log"))?;
+        // The same small environment as the client's (see `cmd`): an inherited
+        // RUST_BACKTRACE=1, say, makes pueued capture and symbolise a backtrace
+        // for each error it builds (+40 MiB of RSS, and CPU), which a user's
+        // pueued would not do.
+        let mut daemon = Command::new(&tools.pueued);
+        daemon.env_clear();
+        for k in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(k) {
+                daemon.env(k, v);
+            }
+        }
+        let child = daemon
+            .arg("-c")
+            .arg(&cfg)
+            .env("PUEUE_CONFIG_PATH", &cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let mut d = Pueued { pueue: tools.pueue.clone(), cfg, dir, child: Some(child), keep };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if d.cmd().arg("status").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
+                break;
+            }
+            if let Some(Ok(Some(st))) = d.child.as_mut().map(|c| c.try_wait()) {
+                anyhow::bail!("pueued exited ({st}); see {}", d.dir.join("pueued.log").display());
+            }
+            if Instant::now() > until {
+                anyhow::bail!("pueued did not answer within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d.run(&["parallel", &parallel.to_string()])?;
+        Ok(d)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The client, talking to this daemon only. pueue stores the client's
+    /// whole environment with every task (and in every `status --json`, and in
+    /// its state file on every change): a small one, like a runspool request
+    /// that carries none, keeps that from weighing on the comparison.
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.pueue);
+        c.arg("-c").arg(&self.cfg).env_clear().env("PUEUE_CONFIG_PATH", &self.cfg).stdin(Stdio::null());
+        for k in ["PATH", "HOME"] {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.cmd().args(args).output()?;
+        if !out.status.success() {
+            anyhow::bail!("pueue {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn status(&self) -> anyhow::Result<Value> {
+        Ok(serde_json::from_str(&self.run(&["status", "--json"])?)?)
+    }
+}
+
+impl Drop for Pueued {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Ask it to stop; if it does not within 5 s, SIGTERM then SIGKILL (this pid only).
+            if let Ok(mut sd) = self.cmd().arg("shutdown").stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+                if wait_until(&mut sd, Duration::from_secs(5)).is_none() {
+                    let _ = sd.kill();
+                    let _ = sd.wait();
+                }
+            }
+            if wait_until(&mut child, Duration::from_secs(5)).is_none() {
+                terminate(&mut child);
+            }
+        }
+        if !self.keep {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A task's state in `pueue status --json` and, when done, its result:
+/// pueue 4 writes `{"Done": {"result": "Success", ...}}` (or `{"Running": {...}}`),
+/// pueue 3 wrote `{"Done": "Success"}` or a bare `"Running"`; a failed result is
+/// `{"Failed": 1}`, shown as its key.
+fn pueue_task_state(task: &Value) -> (String, Option<String>) {
+    let name = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(m) => m.keys().next().cloned(),
+        _ => None,
+    };
+    match &task["status"] {
+        Value::String(s) => (s.clone(), None),
+        Value::Object(m) => match m.iter().next() {
+            Some((k, Value::Object(inner))) => (k.clone(), inner.get("result").and_then(name)),
+            Some((k, v)) => (k.clone(), name(v)),
+            None => (String::new(), None),
+        },
+        _ => (String::new(), None),
+    }
+}
+
+/// (done, failed) among the tasks of a `pueue status --json` answer.
+fn pueue_done_count(status: &Value) -> (usize, usize) {
+    let (mut done, mut failed) = (0, 0);
+    for t in status["tasks"].as_object().into_iter().flat_map(|m| m.values()) {
+        let (state, result) = pueue_task_state(t);
+        if state == "Done" {
+            done += 1;
+            if result.as_deref() != Some("Success") {
+                failed += 1;
+            }
+        }
+    }
+    (done, failed)
+}
+
+struct PueueBurst {
+    parallel: usize,
+    n: usize,
+    secs: f64,
+    add_secs: f64,
+    per_s: f64,
+    peak_rss_kib: u64,
+}
+
+/// `n` trivial tasks added one after another with `pueue add -- true` (each add
+/// returns once the daemon has the task); the clock runs from the first add
+/// until `pueue status --json` (polled every 100 ms, or n/5 ms for large n:
+/// the answer grows with n) shows all of them done.
+fn pueue_burst(env: &Env, tools: &PueueTools, n: usize, parallel: usize, keep: bool) -> anyhow::Result<PueueBurst> {
+    let d = Pueued::start(tools, env.fresh_root(&format!("pueue-burst{parallel}"))?, parallel, keep)?;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        d.run(&["add", "--", "true"])?;
+    }
+    let add_secs = t0.elapsed().as_secs_f64();
+    // pueue's reference speed is ~5 tasks/s: allow 1 s per task, plus 2 minutes.
+    let deadline = t0 + Duration::from_secs(120 + n as u64);
+    let secs = loop {
+        let (done, failed) = pueue_done_count(&d.status()?);
+        let at = t0.elapsed().as_secs_f64();
+        if failed > 0 {
+            anyhow::bail!("pueue burst: {failed} of the `true` tasks failed");
+        }
+        if done >= n {
+            break at;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("pueue burst at parallel {parallel}: only {done} of {n} tasks done in time");
+        }
+        std::thread::sleep(Duration::from_millis((n as u64 / 5).max(100)));
+    };
+    let peak_rss_kib = proc_status_kib(d.pid(), "VmHWM:").unwrap_or(0);
+    Ok(PueueBurst { parallel, n, secs, add_secs, per_s: n as f64 / secs, peak_rss_kib })
+}
+
+struct PueueLatency {
+    added: Stats,
+    started: Stats,
+    done: Stats,
+}
+
+/// One task at a time: the clock starts just before `pueue add` is spawned
+/// (the client is pueue's interface, as the rename is runspool's). Marks:
+/// `pueue add` returned; the task's command ran (it truncates a file of its
+/// own, seen by inotify with a 2 ms poll as a safety net); `pueue status
+/// --json` (polled every 5 ms from then on) shows it done. 3 warm-up tasks
+/// are not counted.
+fn pueue_latency(env: &Env, tools: &PueueTools, n: usize, keep: bool) -> anyhow::Result<PueueLatency> {
+    let dir = env.fresh_root("pueue-latency")?;
+    let marks = dir.join("marks");
+    mkdirs(&marks)?;
+    let (tx, rx) = channel();
+    let mut watcher = notify::recommended_watcher(move |_r: notify::Result<notify::Event>| {
+        let _ = tx.send(());
+    })?;
+    watcher.watch(&marks, RecursiveMode::NonRecursive)?;
+    let d = Pueued::start(tools, dir.join("pueue"), 2, keep)?;
+    let (mut added, mut started, mut done) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n + 3 {
+        let mark = marks.join(format!("t{i:06}"));
+        let path = mark.display().to_string();
+        if path.contains('\'') {
+            anyhow::bail!("{path}: a quote in the temp path");
+        }
+        // pueue runs the command with `sh -c`; `:` is a builtin, so no extra exec.
+        let command = format!(": > '{path}'");
+        let t0 = Instant::now();
+        let id = d.run(&["add", "--print-task-id", "--", &command])?.trim().to_string();
+        let t_added = t0.elapsed();
+        let deadline = t0 + Duration::from_secs(60);
+        let t_started = loop {
+            let _ = rx.recv_timeout(Duration::from_millis(2));
+            while rx.try_recv().is_ok() {}
+            if mark.exists() {
+                break t0.elapsed();
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("pueue task {id} did not start within 60 s");
+            }
+        };
+        let t_done = loop {
+            let st = d.status()?;
+            let at = t0.elapsed();
+            let (state, result) = pueue_task_state(&st["tasks"][id.as_str()]);
+            if state == "Done" {
+                if result.as_deref() != Some("Success") {
+                    anyhow::bail!("pueue task {id} ended {result:?}");
+                }
+                break at;
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("pueue task {id} not done within 60 s (state {state:?})");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if i >= 3 {
+            added.push(ms(t_added));
+            started.push(ms(t_started));
+            done.push(ms(t_done));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(d);
+    drop(watcher);
+    if !keep {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    Ok(PueueLatency { added: stats(added), started: stats(started), done: stats(done) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pueue_states_of_both_json_shapes() {
+        let v4 = json!({"tasks": {
+            "0": {"status": {"Done": {"enqueued_at": "x", "start": "y", "end": "z", "result": "Success"}}},
+            "1": {"status": {"Done": {"result": {"Failed": 1}}}},
+            "2": {"status": {"Running": {"enqueued_at": "x", "start": "y"}}},
+            "3": {"status": {"Queued": {"enqueued_at": "x"}}}}});
+        assert_eq!(pueue_task_state(&v4["tasks"]["0"]), ("Done".into(), Some("Success".into())));
+        assert_eq!(pueue_task_state(&v4["tasks"]["1"]), ("Done".into(), Some("Failed".into())));
+        assert_eq!(pueue_task_state(&v4["tasks"]["2"]).0, "Running");
+        assert_eq!(pueue_done_count(&v4), (2, 1));
+        let v3 = json!({"tasks": {"0": {"status": {"Done": "Success"}}, "1": {"status": "Running"}}});
+        assert_eq!(pueue_task_state(&v3["tasks"]["0"]), ("Done".into(), Some("Success".into())));
+        assert_eq!(pueue_task_state(&v3["tasks"]["1"]), ("Running".into(), None));
+        assert_eq!(pueue_done_count(&v3), (1, 0));
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Report
 // ---------------------------------------------------------------------------
 
@@ -956,6 +1339,15 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut targets: Vec<(String, String, bool)> = Vec::new();
     let r = (|| -> anyhow::Result<()> {
         report += &format!("## runspool-bench: {label} ({} under {})\n\n", fs_type(&parent), parent.display());
+        let pueue = if args.pueue { Some(pueue_tools(&args.pueue_version)?) } else { None };
+        if let Some(t) = &pueue {
+            let how = match t.install_secs {
+                Some(s) => format!("installed by the benchmark (`cargo install pueue --version {} --locked`, {s:.0} s)", args.pueue_version),
+                None => "already installed".into(),
+            };
+            report += &format!("pueue side by side: pueue {} ({how}), a private `pueued` per test.\n\n", t.version);
+            js["pueue"] = json!({"version": t.version, "install_secs": t.install_secs});
+        }
         if has("latency") {
             eprintln!("latency: {} requests per pipeline, one at a time ...", args.latency_n);
             let (rs, rf) = latency(&env, args.latency_n)?;
@@ -979,13 +1371,45 @@ fn run(args: Args) -> anyhow::Result<()> {
             let (r50, r99) = (rs.started.p50 / rf.started.p50, rs.started.p99 / rf.started.p99);
             targets.push(("drop→runner started p50 ≤ 1.5× reference".into(), format!("{r50:.2}×"), r50 <= 1.5));
             targets.push(("drop→runner started p99 ≤ 3× reference".into(), format!("{r99:.2}×"), r99 <= 3.0));
+            if let Some(t) = &pueue {
+                eprintln!("latency: {} tasks through pueue, one at a time ...", args.pueue_latency_n);
+                let pl = pueue_latency(&env, t, args.pueue_latency_n, args.keep)?;
+                report += &format!(
+                    "### pueue side by side: latency, one task at a time (pueue n = {}, runspool n = {}, ms)\n\n",
+                    pl.done.n, rs.started.n
+                );
+                report += "| mark (runspool: drop →; pueue: `pueue add` spawned →) | runspool p50 | p90 | p99 | max | pueue p50 | p90 | p99 | max | runspool / pueue p50 | p99 |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+                let na = Stats { p50: f64::NAN, p90: f64::NAN, p99: f64::NAN, max: f64::NAN, n: 0 };
+                let cell = |x: f64| if x.is_finite() { format!("{x:.2}") } else { "–".into() };
+                let mut jp = serde_json::Map::new();
+                for (name, a, b) in [
+                    ("accepted (runspool: claimed; pueue: `pueue add` returned)", rs.claimed, pl.added),
+                    ("runner started (pueue: no such stage)", rs.started, na),
+                    ("step started (pueue: the task's command ran)", rs.step, pl.started),
+                    ("terminal (pueue: `pueue status` shows it done)", rs.terminal, pl.done),
+                ] {
+                    let (r50, r99) = (a.p50 / b.p50, a.p99 / b.p99);
+                    let ratio = |r: f64| if r.is_finite() { format!("{r:.3}×") } else { "–".into() };
+                    report += &format!(
+                        "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        cell(a.p50), cell(a.p90), cell(a.p99), cell(a.max), cell(b.p50), cell(b.p90), cell(b.p99), cell(b.max), ratio(r50), ratio(r99)
+                    );
+                    if b.n > 0 {
+                        jp.insert(name.split(" (").next().unwrap_or(name).into(), json!({"runspool": stats_json(&a), "pueue": stats_json(&b),
+                            "ratio_runspool_over_pueue_p50": r50, "ratio_runspool_over_pueue_p99": r99}));
+                    }
+                }
+                report += "\n";
+                js["pueue"]["latency"] = Value::Object(jp);
+            }
         }
         if has("burst") {
             report += &format!("### Burst of {} runs dropped at once\n\n", args.burst_n);
             report += "| max_running | runspool s | runs/s | daemon peak RSS MiB | reference s | runs/s | peak RSS MiB | throughput ratio | ratio per round |\n|---|---|---|---|---|---|---|---|---|\n";
             let mut jb = Vec::new();
+            let mut pueue_rows: Vec<(PueueBurst, f64, f64, Vec<String>)> = Vec::new();
             for &p in &args.parallel {
-                let (mut rss, mut rfs) = (Vec::new(), Vec::new());
+                let (mut rss, mut rfs, mut pbs) = (Vec::new(), Vec::new(), Vec::new());
                 for k in 0..args.burst_repeat.max(1) {
                     eprintln!("burst: {} runs at max_running {p} (round {}) ...", args.burst_n, k + 1);
                     // Alternate which pipeline goes first so drift hits both alike.
@@ -996,7 +1420,13 @@ fn run(args: Args) -> anyhow::Result<()> {
                         rss.push(burst(&env, Kind::Runspool, args.burst_n, p)?);
                         rfs.push(burst(&env, Kind::Reference, args.burst_n, p)?);
                     }
+                    // pueue in the same round, so it shares the round's load.
+                    if let Some(t) = &pueue {
+                        eprintln!("burst: {} tasks through pueue at parallel {p} (round {}) ...", args.pueue_burst_n, k + 1);
+                        pbs.push(pueue_burst(&env, t, args.pueue_burst_n, p, args.keep)?);
+                    }
                 }
+                let pueue_rounds: Vec<String> = rss.iter().zip(&pbs).map(|(a, b)| format!("{:.1}", a.per_s / b.per_s)).collect();
                 let rounds: Vec<String> = rss.iter().zip(&rfs).map(|(a, b)| format!("{:.2}", a.per_s / b.per_s)).collect();
                 let (rs, rf) = (median_burst(rss), median_burst(rfs));
                 let ratio = rs.per_s / rf.per_s;
@@ -1014,9 +1444,41 @@ fn run(args: Args) -> anyhow::Result<()> {
                     "runspool": {"secs": rs.secs, "runs_per_s": rs.per_s, "peak_rss_kib": rs.peak_rss_kib},
                     "reference": {"secs": rf.secs, "runs_per_s": rf.per_s, "peak_rss_kib": rf.peak_rss_kib}}));
                 targets.push((format!("burst throughput at max_running {p} ≥ 0.7× reference"), format!("{ratio:.2}×"), ratio >= 0.7));
+                if !pbs.is_empty() {
+                    // The round with the median throughput, as for the other two.
+                    pbs.sort_by(|a, b| a.per_s.partial_cmp(&b.per_s).unwrap());
+                    let pb = pbs.swap_remove(pbs.len() / 2);
+                    pueue_rows.push((pb, rs.per_s, rf.per_s, pueue_rounds));
+                }
             }
             report += "\n";
             js["burst"] = json!(jb);
+            if !pueue_rows.is_empty() {
+                report += &format!(
+                    "### pueue side by side: burst ({} tasks `pueue add -- true` for pueue, {} runs for runspool; runs/s compared)\n\n",
+                    args.pueue_burst_n, args.burst_n
+                );
+                report += "| max_running = pueue parallel | runspool runs/s | reference runs/s | pueue s | of it adding s | pueue tasks/s | pueued peak RSS MiB | runspool / pueue | reference / pueue | runspool / pueue per round |\n|---|---|---|---|---|---|---|---|---|---|\n";
+                let mut jpb = Vec::new();
+                for (pb, rs_per_s, rf_per_s, pueue_rounds) in &pueue_rows {
+                    let (ratio, ref_ratio) = (rs_per_s / pb.per_s, rf_per_s / pb.per_s);
+                    report += &format!(
+                        "| {} | {rs_per_s:.1} | {rf_per_s:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {ratio:.1}× | {ref_ratio:.1}× | {} |\n",
+                        pb.parallel,
+                        pb.secs,
+                        pb.add_secs,
+                        pb.per_s,
+                        pb.peak_rss_kib as f64 / 1024.0,
+                        pueue_rounds.join(", ")
+                    );
+                    jpb.push(json!({"parallel": pb.parallel, "n": pb.n, "rounds": pueue_rounds.len(), "round_ratios": pueue_rounds, "secs": pb.secs, "add_secs": pb.add_secs, "tasks_per_s": pb.per_s,
+                        "peak_rss_kib": pb.peak_rss_kib, "runspool_runs_per_s": rs_per_s, "reference_runs_per_s": rf_per_s,
+                        "ratio_runspool_over_pueue": ratio, "ratio_reference_over_pueue": ref_ratio}));
+                    targets.push((format!("burst throughput at max_running {} ≥ 30× pueue", pb.parallel), format!("{ratio:.1}×"), ratio >= 30.0));
+                }
+                report += "\n";
+                js["pueue"]["burst"] = json!(jpb);
+            }
         }
         if has("idle") {
             eprintln!("idle: 4 daemons for {} s (fabricating {} terminal runs twice first) ...", args.idle_secs, args.runs);
