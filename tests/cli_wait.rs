@@ -3,15 +3,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 use common::*;
 use serde_json::Value;
-
-fn gate_wait(gate: &Path) -> String {
-    format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display())
-}
 
 #[test]
 fn plain_lines_when_piped_and_json_final_status() {
@@ -29,7 +24,7 @@ fn plain_lines_when_piped_and_json_final_status() {
         Command::new(BIN).args(["--root", root.to_str().unwrap(), "wait", "w-plain", "--json"]).output().unwrap()
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    std::fs::write(&gate, b"go").unwrap();
+    open_gate(&gate);
     let o = waiter.join().unwrap();
     assert_eq!(o.status.code(), Some(5), "{}", describe(&o));
     let err = stderr_str(&o);
@@ -75,7 +70,7 @@ fn timeout_exits_124_and_the_run_goes_on() {
     assert_eq!(o.status.code(), Some(124), "{}", describe(&o));
     assert!(stderr_str(&o).contains("gave up waiting for w-slow"), "{}", describe(&o));
     assert_eq!(env.state("w-slow").as_deref(), Some("running"));
-    std::fs::write(&gate, b"go").unwrap();
+    open_gate(&gate);
     assert_eq!(env.wait_terminal("w-slow")["state"], "complete");
 }
 

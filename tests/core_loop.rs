@@ -9,14 +9,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Shell snippet that blocks until `gate` exists.
-fn gate_wait(gate: &Path) -> String {
-    format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display())
-}
-
-fn open_gate(gate: &Path) {
-    fs::write(gate, b"go").unwrap();
-}
-
 fn types_in_order(types: &[String], want: &[&str]) -> bool {
     let mut i = 0;
     for t in types {

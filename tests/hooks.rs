@@ -88,11 +88,11 @@ fn fires_exactly_once_across_daemon_kills() {
     env.submit(&request(
         Some("once-down"),
         &env.work,
-        vec![sh_step("a", &format!("while [ ! -e '{}' ]; do sleep 0.05; done; exit 4", gate.display()))],
+        vec![sh_step("a", &format!("{}; exit 4", gate_wait(&gate)))],
     ));
     env.wait_state("once-down", "running");
     env.kill9();
-    fs::write(&gate, b"go").unwrap();
+    open_gate(&gate);
     wait_until(LONG, "the run ends with no daemon", || env.state("once-down").as_deref() == Some("failed"));
     assert!(hook_record(&env, "once-down").is_none(), "no daemon, no hook yet");
     env.start_daemon();

@@ -110,6 +110,22 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
         complete &= all;
         names.extend(top.into_iter().map(|n| (n, si)));
     }
+    let (out, used) = newest_valid(l, &sessions, names, limit);
+    if out.len() < limit && used && !complete {
+        // So many bad markers that the candidates ran out: list everything (rare).
+        let mut all: Vec<(String, usize)> = Vec::new();
+        for (si, dir) in sessions.iter().enumerate() {
+            all.extend(read_marker_names(dir).into_iter().map(|n| (n, si)));
+        }
+        return Ok(newest_valid(l, &sessions, all, limit).0);
+    }
+    Ok(out)
+}
+
+/// Up to `limit` valid runs from (marker name, session index) candidates,
+/// newest first; bad or repeated markers are removed. The flag: every
+/// candidate was looked at.
+fn newest_valid(l: &Layout, sessions: &[PathBuf], mut names: Vec<(String, usize)>, limit: usize) -> (Vec<Status>, bool) {
     // Names start with the zero-padded end time: descending name order is newest first.
     names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut seen = std::collections::HashSet::new();
@@ -128,34 +144,7 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
             }
         }
     }
-    if out.len() < limit && used == names.len() && !complete {
-        // So many bad markers that the candidates ran out: list everything (rare).
-        return list_recent_uncached(l, &sessions, limit);
-    }
-    Ok(out)
-}
-
-fn list_recent_uncached(l: &Layout, sessions: &[PathBuf], limit: usize) -> io::Result<Vec<Status>> {
-    let mut names: Vec<(String, usize)> = Vec::new();
-    for (si, dir) in sessions.iter().enumerate() {
-        names.extend(read_marker_names(dir).into_iter().map(|n| (n, si)));
-    }
-    names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for (name, si) in names {
-        if out.len() >= limit {
-            break;
-        }
-        let path = sessions[si].join(&name);
-        match validate_marker(l, &path) {
-            Some(s) if seen.insert(s.run_id.clone()) => out.push(s),
-            _ => {
-                let _ = remove_if_exists(&path);
-            }
-        }
-    }
-    Ok(out)
+    (out, used == names.len())
 }
 
 /// Perf: keep one `String` per marker (a `PathBuf` each doubled the cost of

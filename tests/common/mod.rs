@@ -172,6 +172,15 @@ pub fn cmd_step(agent: &str, argv: &[&str]) -> Value {
     json!({ "agent": agent, "command": argv })
 }
 
+/// A shell loop that waits until `gate` exists (see `open_gate`).
+pub fn gate_wait(gate: &Path) -> String {
+    format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display())
+}
+
+pub fn open_gate(gate: &Path) {
+    fs::write(gate, b"go").unwrap();
+}
+
 pub fn sh_step(agent: &str, script: &str) -> Value {
     json!({ "agent": agent, "command": ["sh", "-c", script] })
 }
