@@ -198,8 +198,22 @@ impl Claimer<'_> {
     /// Steps 6 to 8.
     fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request) -> Outcome {
         let Ok(held) = lock.metadata() else { return Outcome::Later };
-        let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let dir = self.layout.run_dir(&run_id);
+        let (run_id, generated) = match &req.run_id {
+            Some(id) => (id.clone(), false),
+            None => (claim_id(&held, name), true),
+        };
+        let mut dir = self.layout.run_dir(&run_id);
+        // A generated id is a pure function of the spool entry, so a claim
+        // retried after a crash between mkdir and the commit reuses its own
+        // directory instead of leaving an orphan. Should it ever meet a real
+        // run (a reused inode with the same ctime), a random id is taken.
+        let run_id = if generated && (RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists()) {
+            let id = uuid::Uuid::new_v4().to_string();
+            dir = self.layout.run_dir(&id);
+            id
+        } else {
+            run_id
+        };
         let created = match std::fs::DirBuilder::new().mode_private().create(&dir) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -608,6 +622,29 @@ fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
     }
 }
 
+/// The run id of a request without `runId`: UUID v4-shaped bits drawn from
+/// the entry's identity (device, inode, ctime to the nanosecond, name), which
+/// stay fixed while the entry waits in the spool and change when a new file
+/// takes the name. FNV-1a rather than std's hasher: the id must not change
+/// when the daemon is rebuilt with another Rust between a crash and a retry.
+fn claim_id(md: &std::fs::Metadata, name: &str) -> String {
+    fn fnv(seed: u64, parts: &[&[u8]]) -> u64 {
+        let mut h = seed;
+        for b in parts.iter().flat_map(|p| p.iter().chain(&[0xff])) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h
+    }
+    let (dev, ino) = (md.dev().to_le_bytes(), md.ino().to_le_bytes());
+    let (cs, cn) = (md.ctime().to_le_bytes(), md.ctime_nsec().to_le_bytes());
+    let parts: [&[u8]; 5] = [&dev, &ino, &cs, &cn, name.as_bytes()];
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325, &parts).to_le_bytes());
+    bytes[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142, &parts).to_le_bytes());
+    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+}
+
 /// Is this run directory a claim that stopped between commit and status?
 pub fn is_half_claimed(dir: &Path) -> bool {
     RunPaths::request(dir).exists() && !RunPaths::status(dir).exists()
@@ -636,5 +673,25 @@ mod tests {
         assert_eq!(classify_name("-x.json"), Name::Bad);
         assert_eq!(classify_name(&format!("{}.json", "a".repeat(200))), Name::Candidate);
         assert_eq!(classify_name(&format!("{}.json", "a".repeat(201))), Name::Bad);
+    }
+
+    #[test]
+    fn generated_ids_are_stable_per_entry_and_fresh_per_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.json");
+        std::fs::write(&p, "{}").unwrap();
+        let md = std::fs::metadata(&p).unwrap();
+        let id = claim_id(&md, "a.json");
+        // A retried claim of the same entry lands in the same directory.
+        assert_eq!(id, claim_id(&std::fs::metadata(&p).unwrap(), "a.json"));
+        let u = uuid::Uuid::parse_str(&id).unwrap();
+        assert_eq!(u.get_version_num(), 4, "{id} must look like the UUID v4 PROTOCOL §2.2 promises");
+        assert!(is_id(&id, 128));
+        assert_ne!(id, claim_id(&md, "b.json"));
+        // A new file under the same name is a new request.
+        let keep = d.path().join("keep");
+        std::fs::rename(&p, &keep).unwrap();
+        std::fs::write(&p, "{}").unwrap();
+        assert_ne!(id, claim_id(&std::fs::metadata(&p).unwrap(), "a.json"));
     }
 }
