@@ -9,7 +9,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -110,7 +110,7 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
     specs
 }
 
-fn write_spec(spool: &PathBuf, s: &Spec, k: usize) {
+fn write_spec(spool: &Path, s: &Spec, k: usize) {
     let tmp = spool.join(format!(".chaos-tmp-{k}"));
     write_file_mode(&tmp, &s.bytes, s.mode);
     if s.old_mtime {

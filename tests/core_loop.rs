@@ -71,7 +71,7 @@ fn single_step_complete_with_env_indexes_and_result() {
     assert!(env.active_dir().join(id).is_file(), "active marker while running");
     let alias = env.active_dir().join("tool-calls").join("call%2Fa%2Bb%3D").join(id);
     wait_until(LONG, "tool-call alias while active", || alias.exists());
-    assert!(env.spool().join(format!("{id}.json")).exists() == false, "request left in spool");
+    assert!(!env.spool().join(format!("{id}.json")).exists(), "request left in spool");
 
     open_gate(&gate);
     let st = env.wait_terminal(id);
@@ -273,11 +273,11 @@ fn chain_failure_skips_later_steps() {
     assert_eq!(steps[0]["exitCode"], 0);
     assert_eq!(steps[1]["status"], "failed");
     assert_eq!(steps[1]["exitCode"], 3);
-    for i in 2..4 {
-        assert_eq!(steps[i]["status"], "failed", "skipped step {i}: {}", steps[i]);
-        assert_eq!(steps[i]["exitCode"], -1, "skipped step {i}");
-        assert_eq!(steps[i]["durationMs"], 0, "skipped step {i}");
-        assert_eq!(steps[i]["error"], "skipped: an earlier step failed", "skipped step {i}");
+    for (i, step) in steps.iter().enumerate().skip(2) {
+        assert_eq!(step["status"], "failed", "skipped step {i}: {step}");
+        assert_eq!(step["exitCode"], -1, "skipped step {i}");
+        assert_eq!(step["durationMs"], 0, "skipped step {i}");
+        assert_eq!(step["error"], "skipped: an earlier step failed", "skipped step {i}");
     }
     assert!(!env.work.join("should-not-exist-c").exists(), "step c must not run");
     assert!(!env.work.join("should-not-exist-d").exists(), "step d must not run");
@@ -378,7 +378,7 @@ fn parallel_concurrency_limit_and_failure() {
         let c = fs::read_to_string(env.work.join(format!("count-{i}"))).unwrap();
         for n in c.split_whitespace() {
             let n: u32 = n.parse().unwrap();
-            assert!(n >= 1 && n <= 2, "member {i} saw {n} members running at once (limit 2)");
+            assert!((1..=2).contains(&n), "member {i} saw {n} members running at once (limit 2)");
         }
     }
     let pc = env.events(id).into_iter().find(|e| e["type"] == "subagent.parallel.completed").expect("parallel.completed");

@@ -1270,27 +1270,6 @@ fn pueue_latency(env: &Env, tools: &PueueTools, n: usize, keep: bool) -> anyhow:
     Ok(PueueLatency { added: stats(added), started: stats(started), done: stats(done) })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pueue_states_of_both_json_shapes() {
-        let v4 = json!({"tasks": {
-            "0": {"status": {"Done": {"enqueued_at": "x", "start": "y", "end": "z", "result": "Success"}}},
-            "1": {"status": {"Done": {"result": {"Failed": 1}}}},
-            "2": {"status": {"Running": {"enqueued_at": "x", "start": "y"}}},
-            "3": {"status": {"Queued": {"enqueued_at": "x"}}}}});
-        assert_eq!(pueue_task_state(&v4["tasks"]["0"]), ("Done".into(), Some("Success".into())));
-        assert_eq!(pueue_task_state(&v4["tasks"]["1"]), ("Done".into(), Some("Failed".into())));
-        assert_eq!(pueue_task_state(&v4["tasks"]["2"]).0, "Running");
-        assert_eq!(pueue_done_count(&v4), (2, 1));
-        let v3 = json!({"tasks": {"0": {"status": {"Done": "Success"}}, "1": {"status": "Running"}}});
-        assert_eq!(pueue_task_state(&v3["tasks"]["0"]), ("Done".into(), Some("Success".into())));
-        assert_eq!(pueue_task_state(&v3["tasks"]["1"]), ("Running".into(), None));
-        assert_eq!(pueue_done_count(&v3), (1, 0));
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Report
@@ -1567,4 +1546,26 @@ fn run(args: Args) -> anyhow::Result<()> {
         let _ = fs::remove_dir_all(&base);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pueue_states_of_both_json_shapes() {
+        let v4 = json!({"tasks": {
+            "0": {"status": {"Done": {"enqueued_at": "x", "start": "y", "end": "z", "result": "Success"}}},
+            "1": {"status": {"Done": {"result": {"Failed": 1}}}},
+            "2": {"status": {"Running": {"enqueued_at": "x", "start": "y"}}},
+            "3": {"status": {"Queued": {"enqueued_at": "x"}}}}});
+        assert_eq!(pueue_task_state(&v4["tasks"]["0"]), ("Done".into(), Some("Success".into())));
+        assert_eq!(pueue_task_state(&v4["tasks"]["1"]), ("Done".into(), Some("Failed".into())));
+        assert_eq!(pueue_task_state(&v4["tasks"]["2"]).0, "Running");
+        assert_eq!(pueue_done_count(&v4), (2, 1));
+        let v3 = json!({"tasks": {"0": {"status": {"Done": "Success"}}, "1": {"status": "Running"}}});
+        assert_eq!(pueue_task_state(&v3["tasks"]["0"]), ("Done".into(), Some("Success".into())));
+        assert_eq!(pueue_task_state(&v3["tasks"]["1"]), ("Running".into(), None));
+        assert_eq!(pueue_done_count(&v3), (1, 0));
+    }
 }

@@ -199,8 +199,7 @@ pub fn control(verb: &str) -> anyhow::Result<i32> {
 /// 3 when it does not (as `systemctl status`).
 pub fn status_json() -> anyhow::Result<i32> {
     let mut v = serde_json::Map::new();
-    let running;
-    if cfg!(target_os = "macos") {
+    let running = if cfg!(target_os = "macos") {
         let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain());
         v.insert("manager".into(), "launchd".into());
         v.insert("label".into(), LAUNCHD_LABEL.into());
@@ -214,7 +213,7 @@ pub fn status_json() -> anyhow::Result<i32> {
                 }
             }
         }
-        running = v.get("state").and_then(|s| s.as_str()) == Some("running");
+        v.get("state").and_then(|s| s.as_str()) == Some("running")
     } else {
         const PROPS: &str = "LoadState,UnitFileState,ActiveState,SubState,Result,MainPID,NRestarts,StatusText,ActiveEnterTimestamp,FragmentPath";
         let o = systemctl(&["show", UNIT_NAME, "-p", PROPS])
@@ -234,8 +233,8 @@ pub fn status_json() -> anyhow::Result<i32> {
                 v.insert(k.to_string(), j);
             }
         }
-        running = v.get("ActiveState").and_then(|s| s.as_str()) == Some("active");
-    }
+        v.get("ActiveState").and_then(|s| s.as_str()) == Some("active")
+    };
     println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(v))?);
     Ok(if running { 0 } else { 3 })
 }
