@@ -130,7 +130,9 @@ impl Config {
         match std::fs::read_to_string(&path) {
             Ok(text) => Config::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
-            Err(e) => Err(format!("cannot read the config file {}: {e}; fix the path given to --config", path.display())),
+            Err(e) => {
+                Err(format!("cannot read the config file {}: {e}; fix the path given to --config", path.display()))
+            }
         }
     }
 
@@ -157,17 +159,36 @@ impl Config {
         let mut out = Vec::new();
         let mut item = |key: &str, a: String, b: String, restart: bool| {
             if a != b {
-                out.push(format!("{key} {a} -> {b}{}", if restart { " (applies at the next daemon start)" } else { "" }));
+                out.push(format!(
+                    "{key} {a} -> {b}{}",
+                    if restart { " (applies at the next daemon start)" } else { "" }
+                ));
             }
         };
-        let root = |r: &Option<PathBuf>| r.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into());
+        let root =
+            |r: &Option<PathBuf>| r.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into());
         item("root", root(&old.root), root(&self.root), true);
         item("max_running", old.max_running.to_string(), self.max_running.to_string(), false);
         item("retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
         item("watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
-        item("watch.poll_interval_ms", old.watch.poll_interval_ms.to_string(), self.watch.poll_interval_ms.to_string(), true);
-        item("watch.rescan_interval_s", old.watch.rescan_interval_s.to_string(), self.watch.rescan_interval_s.to_string(), false);
-        item("storage.min_free_bytes", old.storage.min_free_bytes.to_string(), self.storage.min_free_bytes.to_string(), false);
+        item(
+            "watch.poll_interval_ms",
+            old.watch.poll_interval_ms.to_string(),
+            self.watch.poll_interval_ms.to_string(),
+            true,
+        );
+        item(
+            "watch.rescan_interval_s",
+            old.watch.rescan_interval_s.to_string(),
+            self.watch.rescan_interval_s.to_string(),
+            false,
+        );
+        item(
+            "storage.min_free_bytes",
+            old.storage.min_free_bytes.to_string(),
+            self.storage.min_free_bytes.to_string(),
+            false,
+        );
         item("log.level", old.log.level.clone(), self.log.level.clone(), false);
         for (name, p) in &self.providers {
             match old.providers.get(name) {
@@ -195,7 +216,8 @@ impl Config {
         if !matches!(self.log.level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
             return Err(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
         }
-        for (key, cmd) in [("hooks.on_complete", &self.hooks.on_complete), ("hooks.on_failure", &self.hooks.on_failure)] {
+        for (key, cmd) in [("hooks.on_complete", &self.hooks.on_complete), ("hooks.on_failure", &self.hooks.on_failure)]
+        {
             if cmd.first().is_some_and(|c| c.is_empty()) {
                 return Err(format!("{key} starts with an empty program name; give the executable first, e.g. [\"notify-send\", \"runspool\"]"));
             }
@@ -212,9 +234,7 @@ impl Config {
                     return Err(format!("providers.{name}.command is empty; give the executable and its arguments"))
                 }
                 "command" | "slurm" => {}
-                other => {
-                    return Err(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\""))
-                }
+                other => return Err(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\"")),
             }
             if p.timeout_ms == 0 {
                 return Err(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
@@ -253,8 +273,19 @@ mod tests {
         let block = rest.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("toml block");
         let c = Config::parse(block).unwrap_or_else(|e| panic!("docs/config.md block does not parse: {e}"));
         assert_eq!(c, Config::default(), "docs/config.md defaults drifted from the code");
-        for key in ["max_running", "retention_days", "strategy", "poll_interval_ms", "rescan_interval_s", "min_free_bytes", "level",
-                    "on_complete", "on_failure", "max_parallel", "timeout_s"] {
+        for key in [
+            "max_running",
+            "retention_days",
+            "strategy",
+            "poll_interval_ms",
+            "rescan_interval_s",
+            "min_free_bytes",
+            "level",
+            "on_complete",
+            "on_failure",
+            "max_parallel",
+            "timeout_s",
+        ] {
             assert!(block.contains(&format!("\n{key} = ")), "docs/config.md block lacks {key}");
         }
     }
@@ -292,7 +323,10 @@ mod tests {
     }
     #[test]
     fn providers() {
-        let c = Config::parse("[providers.slurm]\ntype = \"slurm\"\n[providers.k8s]\ntype = \"command\"\ncommand = [\"/bin/true\"]\n").unwrap();
+        let c = Config::parse(
+            "[providers.slurm]\ntype = \"slurm\"\n[providers.k8s]\ntype = \"command\"\ncommand = [\"/bin/true\"]\n",
+        )
+        .unwrap();
         assert_eq!(c.providers.len(), 2);
         assert!(Config::parse("[providers.x]\ntype = \"magic\"").unwrap_err().contains("providers.x.type"));
     }

@@ -47,13 +47,20 @@ static STATE: OnceLock<State> = OnceLock::new();
 /// Decide the output from `RUNSPOOL_LOG_OUTPUT`, `JOURNAL_STREAM` and the
 /// (device, inode) of our stderr. Pure, so the rule is testable. Returns the
 /// output and why, for the startup log line.
-pub fn choose(requested: Option<&str>, journal_stream: Option<&str>, stderr_id: Option<(u64, u64)>) -> (Output, String) {
+pub fn choose(
+    requested: Option<&str>,
+    journal_stream: Option<&str>,
+    stderr_id: Option<(u64, u64)>,
+) -> (Output, String) {
     match requested.map(str::trim).filter(|v| !v.is_empty()) {
         Some("journald") => return (Output::Journald, format!("{OUTPUT_ENV}=journald")),
         Some("stderr") => return (Output::Stderr, format!("{OUTPUT_ENV}=stderr")),
         Some("auto") | None => {}
         Some(other) => {
-            return (Output::Stderr, format!("{OUTPUT_ENV}=`{other}` is not auto, journald or stderr; logging to stderr"))
+            return (
+                Output::Stderr,
+                format!("{OUTPUT_ENV}=`{other}` is not auto, journald or stderr; logging to stderr"),
+            )
         }
     }
     // systemd sets JOURNAL_STREAM=<dev>:<ino> of the stream it connected to
@@ -64,7 +71,9 @@ pub fn choose(requested: Option<&str>, journal_stream: Option<&str>, stderr_id: 
     };
     let parsed = js.split_once(':').and_then(|(d, i)| Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?)));
     match (parsed, stderr_id) {
-        (Some(js_id), Some(fd2)) if js_id == fd2 => (Output::Journald, format!("stderr is the journal stream JOURNAL_STREAM={js}")),
+        (Some(js_id), Some(fd2)) if js_id == fd2 => {
+            (Output::Journald, format!("stderr is the journal stream JOURNAL_STREAM={js}"))
+        }
         (Some(_), _) => (Output::Stderr, format!("JOURNAL_STREAM={js} is not our stderr")),
         (None, _) => (Output::Stderr, format!("JOURNAL_STREAM={js} is not <dev>:<ino>")),
     }
@@ -101,7 +110,10 @@ pub fn init(config_level: &str, journald_allowed: bool) {
     let filter = match EnvFilter::try_new(env.as_deref().unwrap_or(config_level)) {
         Ok(f) => f,
         Err(e) => {
-            warnings.push(format!("{LEVEL_ENV}=`{}` is not a level or filter ({e}); using info", env.as_deref().unwrap_or(config_level)));
+            warnings.push(format!(
+                "{LEVEL_ENV}=`{}` is not a level or filter ({e}); using info",
+                env.as_deref().unwrap_or(config_level)
+            ));
             EnvFilter::new("info")
         }
     };
@@ -121,7 +133,9 @@ pub fn init(config_level: &str, journald_allowed: bool) {
         Output::Journald => match journald_layer() {
             Ok(l) => Some(l),
             Err(e) => {
-                warnings.push(format!("cannot send to the journal socket {JOURNAL_SOCKET} ({e}); logging to stderr instead"));
+                warnings.push(format!(
+                    "cannot send to the journal socket {JOURNAL_SOCKET} ({e}); logging to stderr instead"
+                ));
                 output = Output::Stderr;
                 None
             }

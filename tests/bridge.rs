@@ -51,7 +51,11 @@ impl Fixture {
     }
 
     fn calls(&self, op: &str) -> usize {
-        fs::read_to_string(self.dir.join("calls.log")).unwrap_or_default().lines().filter(|l| l.split(' ').next() == Some(op)).count()
+        fs::read_to_string(self.dir.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(op))
+            .count()
     }
 }
 
@@ -88,7 +92,8 @@ fn fake_run(env: &TestEnv, id: &str, ours: bool) -> File {
     });
     write_file_mode(&dir.join("status.json"), st.to_string().as_bytes(), 0o600);
     write_file_mode(&env.active_dir().join(id), b"", 0o600);
-    let lock = File::options().read(true).write(true).create(true).truncate(false).open(dir.join("runner.lock")).unwrap();
+    let lock =
+        File::options().read(true).write(true).create(true).truncate(false).open(dir.join("runner.lock")).unwrap();
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     mkdir_0700(&dir.join("external-job-requests"));
     lock
@@ -175,7 +180,10 @@ fn start_is_claimed_with_owner_handle_and_tombstone_and_never_dispatched_twice()
     assert_eq!(r["operation"], "start");
     assert_eq!(r["provider"], "p");
     assert!(r["completedAt"].is_i64());
-    assert_eq!(r["result"], json!({"providerJobId": "job-1", "state": "queued", "handleUrl": "https://engine.example/job-1"}));
+    assert_eq!(
+        r["result"],
+        json!({"providerJobId": "job-1", "state": "queued", "handleUrl": "https://engine.example/job-1"})
+    );
     let claim = reqdir(env, "b-start").join("s-1.claim");
     let owner = read_json(&claim.join("owner.json")).unwrap();
     assert_eq!(owner["version"], 1);
@@ -186,7 +194,9 @@ fn start_is_claimed_with_owner_handle_and_tombstone_and_never_dispatched_twice()
     assert_eq!(copy["id"], "s-1");
     assert!(copy["claimedAt"].is_i64());
     assert_eq!(read_json(&claim.join("handle.json")).unwrap(), r["result"]);
-    wait_until(LONG, "the tombstone", || read_json(&claim.join("completed.json")).is_some_and(|c| c["completedAt"].is_i64()));
+    wait_until(LONG, "the tombstone", || {
+        read_json(&claim.join("completed.json")).is_some_and(|c| c["completedAt"].is_i64())
+    });
     assert!(!reqdir(env, "b-start").join("s-1.json").exists(), "the request file is removed");
     assert_eq!(fx.calls("start"), 1);
     // The same start again: the claim owns it, it is removed and never dispatched.
@@ -204,7 +214,8 @@ fn dead_owner_claims_are_answered_from_the_handle_or_abandoned_never_redispatche
     let _lock = fake_run(&fx.env, "b-dead", true);
     let host = hostname();
     let dead = dead_pid();
-    let owner = json!({"version": 1, "pid": dead, "hostname": host, "claimedAt": now_ms(), "processStartIdentity": "linux:1"});
+    let owner =
+        json!({"version": 1, "pid": dead, "hostname": host, "claimedAt": now_ms(), "processStartIdentity": "linux:1"});
     let saved = json!({"providerJobId": "saved-7", "state": "running"});
     let with_handle = fake_claim(&fx.env, "b-dead", "d-handle", owner.clone(), Some(saved.clone()), false);
     let without = fake_claim(&fx.env, "b-dead", "d-none", owner.clone(), None, false);
@@ -278,7 +289,10 @@ fn non_start_operations_wait_for_the_request_lock_and_remove_the_request() {
     // Provider errors keep their own code.
     write_request(env, "b-lock", &status_req("q", "quota"));
     let r = wait_response(env, "b-lock", "q");
-    assert_eq!((r["ok"].clone(), r["code"].clone(), r["message"].clone()), (json!(false), json!("quota-exceeded"), json!("over quota")));
+    assert_eq!(
+        (r["ok"].clone(), r["code"].clone(), r["message"].clone()),
+        (json!(false), json!("quota-exceeded"), json!("over quota"))
+    );
 }
 
 #[test]
@@ -298,13 +312,23 @@ fn malformed_requests_are_answered_and_removed() {
     wait_until(LONG, "garbage.json removed", || !d.join("garbage.json").exists());
     let cases = [
         (json!({"id": "no-job", "operation": "status", "provider": "p", "createdAt": 1}), "providerJobId"),
-        (json!({"id": "other-name", "operation": "status", "provider": "p", "providerJobId": "1", "createdAt": 1}), "named"),
-        (json!({"id": "bad-op", "operation": "explode", "provider": "p", "providerJobId": "1", "createdAt": 1}), "operation"),
-        (json!({"id": "bad-digest", "operation": "start", "provider": "p", "createdAt": 1, "start": {
-            "prompt": "x", "promptDigest": "0000", "cwd": "/", "runId": "b-bad", "stepIndex": 0, "agent": "x", "options": {}}}), "promptDigest"),
+        (
+            json!({"id": "other-name", "operation": "status", "provider": "p", "providerJobId": "1", "createdAt": 1}),
+            "named",
+        ),
+        (
+            json!({"id": "bad-op", "operation": "explode", "provider": "p", "providerJobId": "1", "createdAt": 1}),
+            "operation",
+        ),
+        (
+            json!({"id": "bad-digest", "operation": "start", "provider": "p", "createdAt": 1, "start": {
+            "prompt": "x", "promptDigest": "0000", "cwd": "/", "runId": "b-bad", "stepIndex": 0, "agent": "x", "options": {}}}),
+            "promptDigest",
+        ),
     ];
     for (mut body, needle) in cases {
-        let name = if body["id"] == "other-name" { "renamed".to_string() } else { body["id"].as_str().unwrap().to_string() };
+        let name =
+            if body["id"] == "other-name" { "renamed".to_string() } else { body["id"].as_str().unwrap().to_string() };
         body["createdAt"] = json!(now_ms());
         let tmp = d.join(format!(".{name}.tmp"));
         write_file_mode(&tmp, body.to_string().as_bytes(), 0o600);
@@ -384,7 +408,9 @@ fn thousand_status_requests_go_100_per_sweep_without_starving_a_start() {
         }
     }
     assert!(before < 500, "{before} status requests were answered before the start");
-    wait_until(LONG, "every request removed", || list_names(&reqdir(env, "b-flood")).iter().all(|n| !n.ends_with(".json")));
+    wait_until(LONG, "every request removed", || {
+        list_names(&reqdir(env, "b-flood")).iter().all(|n| !n.ends_with(".json"))
+    });
     // The sweeps, from the daemon's log: never more than 100 entries each.
     let log = fs::read_to_string(&env.log_path).unwrap();
     let takes: Vec<usize> = log

@@ -49,7 +49,10 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
         let (body, expect): (Vec<u8>, Expect) = if roll < 25 {
             let c = pick_code(rng);
             let r = request(Some(&id), &w, vec![code_step(&tag, c)]);
-            (serde_json::to_vec(&r).unwrap(), Expect::Run(Some(id.clone()), if c == 0 { "complete" } else { "failed" }, c))
+            (
+                serde_json::to_vec(&r).unwrap(),
+                Expect::Run(Some(id.clone()), if c == 0 { "complete" } else { "failed" }, c),
+            )
         } else if roll < 45 {
             let k = rng.range(2, 3) as usize;
             let codes: Vec<i64> = (0..k).map(|_| if rng.below(3) == 0 { pick_code(rng) } else { 0 }).collect();
@@ -65,7 +68,8 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
             let k = rng.range(2, 3) as usize;
             let bad = if rng.below(2) == 0 { Some(rng.below(k as u64) as usize) } else { None };
             let code = rng.range(1, 9) as i64;
-            let members = (0..k).map(|j| code_step(&format!("{tag}-{j}"), if Some(j) == bad { code } else { 0 })).collect();
+            let members =
+                (0..k).map(|j| code_step(&format!("{tag}-{j}"), if Some(j) == bad { code } else { 0 })).collect();
             let conc = if rng.below(2) == 0 { Some(1 + rng.below(2) as u32) } else { None };
             let r = request(Some(&id), &w, vec![parallel(members, conc)]);
             let e = match bad {
@@ -79,7 +83,10 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
             (serde_json::to_vec(&r).unwrap(), Expect::Run(None, if c == 0 { "complete" } else { "failed" }, c))
         } else if roll < 76 {
             old_mtime = true;
-            (format!("{{\"version\":1,\"runId\":\"{id}\",\"steps\":[").into_bytes(), Expect::Reject("invalid-json", None, false))
+            (
+                format!("{{\"version\":1,\"runId\":\"{id}\",\"steps\":[").into_bytes(),
+                Expect::Reject("invalid-json", None, false),
+            )
         } else if roll < 82 {
             let mut r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             r["version"] = json!(3);
@@ -99,7 +106,13 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
         } else if roll < 97 {
             let r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             let bytes = serde_json::to_vec(&r).unwrap();
-            specs.push(Spec { name: format!("bad name {i:03}"), bytes, mode, old_mtime, expect: Expect::Reject("bad-name", None, false) });
+            specs.push(Spec {
+                name: format!("bad name {i:03}"),
+                bytes,
+                mode,
+                old_mtime,
+                expect: Expect::Reject("bad-name", None, false),
+            });
             continue;
         } else {
             let r = request(Some("chaos-pre"), &w, vec![code_step(&tag, 0)]);
@@ -135,10 +148,17 @@ fn chaos_500_requests_with_daemon_kills() {
 
     // Drop everything from a writer thread while the main thread kills and restarts the daemon.
     let spool = env.spool();
-    let payload: Vec<(String, Vec<u8>, u32, bool)> = specs.iter().map(|s| (s.name.clone(), s.bytes.clone(), s.mode, s.old_mtime)).collect();
+    let payload: Vec<(String, Vec<u8>, u32, bool)> =
+        specs.iter().map(|s| (s.name.clone(), s.bytes.clone(), s.mode, s.old_mtime)).collect();
     let writer = std::thread::spawn(move || {
         for (k, (name, bytes, mode, old)) in payload.iter().enumerate() {
-            let s = Spec { name: name.clone(), bytes: bytes.clone(), mode: *mode, old_mtime: *old, expect: Expect::Run(None, "", 0) };
+            let s = Spec {
+                name: name.clone(),
+                bytes: bytes.clone(),
+                mode: *mode,
+                old_mtime: *old,
+                expect: Expect::Run(None, "", 0),
+            };
             write_spec(&spool, &s, k);
         }
     });
@@ -305,6 +325,11 @@ fn chaos_500_requests_with_daemon_kills() {
     });
     problems.extend(cons);
     if !problems.is_empty() {
-        panic!("chaos found {} problems:\n  {}\n{}", problems.len(), problems.iter().take(60).cloned().collect::<Vec<_>>().join("\n  "), env.log_tail(60));
+        panic!(
+            "chaos found {} problems:\n  {}\n{}",
+            problems.len(),
+            problems.iter().take(60).cloned().collect::<Vec<_>>().join("\n  "),
+            env.log_tail(60)
+        );
     }
 }

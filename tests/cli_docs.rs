@@ -18,7 +18,12 @@ fn runspool(args: &[&str]) -> std::process::Output {
 }
 
 fn has(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn is_root() -> bool {
@@ -91,9 +96,13 @@ fn bash_completion_parses_and_completes() {
 
 #[test]
 fn every_shell_gets_a_script() {
-    for (shell, marker) in
-        [("bash", "complete -F"), ("zsh", "#compdef runspool"), ("fish", "complete -c runspool"), ("elvish", "edit:completion"), ("powershell", "Register-ArgumentCompleter")]
-    {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef runspool"),
+        ("fish", "complete -c runspool"),
+        ("elvish", "edit:completion"),
+        ("powershell", "Register-ArgumentCompleter"),
+    ] {
         let out = runspool(&["completions", shell]).stdout;
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains(marker), "{shell}: no `{marker}`");
@@ -126,7 +135,12 @@ fn render(roff: &[u8]) -> Option<(String, String)> {
     let out = if has("man") && has("groff") {
         // man-db's own pipeline (preconv, tbl, the Debian tmac); --warnings is groff -ww.
         run_with_stdin(
-            Command::new("man").args(["--warnings", "-l", "-"]).env("MANWIDTH", "100").env("MANPAGER", "cat").env("PAGER", "cat").env("LC_ALL", "C.UTF-8"),
+            Command::new("man")
+                .args(["--warnings", "-l", "-"])
+                .env("MANWIDTH", "100")
+                .env("MANPAGER", "cat")
+                .env("PAGER", "cat")
+                .env("LC_ALL", "C.UTF-8"),
             roff,
         )
     } else if has("groff") {
@@ -162,9 +176,11 @@ fn man_dir_writes_a_page_per_command_and_each_renders() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("man1");
     runspool(&["man", "--dir", dir.to_str().unwrap()]);
-    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    let mut want: Vec<String> = visible_commands().iter().map(|c| format!("runspool-{}.1", c.replace(' ', "-"))).collect();
+    let mut want: Vec<String> =
+        visible_commands().iter().map(|c| format!("runspool-{}.1", c.replace(' ', "-"))).collect();
     want.push("runspool.1".into());
     want.sort();
     assert_eq!(names, want);
@@ -181,9 +197,16 @@ fn man_dir_writes_a_page_per_command_and_each_renders() {
 #[test]
 fn service_unit_prints_what_a_package_ships() {
     let unit = String::from_utf8(runspool(&["service", "unit", "--bin", "/usr/bin/runspool"]).stdout).unwrap();
-    assert_eq!(unit.lines().filter(|l| l.starts_with("ExecStart=")).collect::<Vec<_>>(), ["ExecStart=/usr/bin/runspool daemon"]);
-    let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/runspool.service")).unwrap();
-    assert_eq!(unit, template, "the repo unit already points at /usr/bin/runspool; rendering must not change anything else");
+    assert_eq!(
+        unit.lines().filter(|l| l.starts_with("ExecStart=")).collect::<Vec<_>>(),
+        ["ExecStart=/usr/bin/runspool daemon"]
+    );
+    let template =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/runspool.service")).unwrap();
+    assert_eq!(
+        unit, template,
+        "the repo unit already points at /usr/bin/runspool; rendering must not change anything else"
+    );
     let own = String::from_utf8(runspool(&["service", "unit"]).stdout).unwrap();
     assert!(own.contains(&format!("ExecStart={BIN} daemon\n")), "{own}");
 }

@@ -42,7 +42,9 @@ fn plain_lines_when_piped_and_json_final_status() {
 #[test]
 fn live_line_on_a_terminal() {
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("SKIP live_line_on_a_terminal: `script` (util-linux) is not installed, so no pseudo-terminal is available");
+        eprintln!(
+            "SKIP live_line_on_a_terminal: `script` (util-linux) is not installed, so no pseudo-terminal is available"
+        );
         return;
     }
     let mut env = TestEnv::new();
@@ -82,7 +84,11 @@ fn logs_and_doctor_json() {
     let cfg = format!("{DEFAULT_CONFIG}[hooks]\non_failure = [\"/nonexistent/hook-prog\"]\n");
     env.write_config(&cfg);
     env.start_daemon();
-    env.submit(&request(Some("lj"), &env.work, vec![sh_step("one", "echo first-out"), sh_step("two", "echo second-out; exit 4")]));
+    env.submit(&request(
+        Some("lj"),
+        &env.work,
+        vec![sh_step("one", "echo first-out"), sh_step("two", "echo second-out; exit 4")],
+    ));
     env.wait_terminal("lj");
     let o = env.cli(&["logs", "lj", "--json"]);
     assert!(o.status.success(), "{}", describe(&o));

@@ -125,8 +125,10 @@ fn single_step_complete_with_env_indexes_and_result() {
     assert!(r["durationMs"].is_i64() || r["durationMs"].is_u64());
     assert!(r["timestamp"].is_i64() || r["timestamp"].is_u64());
     // result index
-    let idx = read_json(&env.results().join("result-index/sessions").join(seg("sess-a")).join(format!("{}.json", seg250(id))))
-        .expect("result index entry");
+    let idx = read_json(
+        &env.results().join("result-index/sessions").join(seg("sess-a")).join(format!("{}.json", seg250(id))),
+    )
+    .expect("result index entry");
     assert_eq!(idx["version"], 1);
     assert_eq!(idx["runId"], id);
     assert_eq!(idx["sessionId"], "sess-a");
@@ -144,7 +146,13 @@ fn single_step_complete_with_env_indexes_and_result() {
     assert!(
         types_in_order(
             &types,
-            &["subagent.run.queued", "subagent.run.started", "subagent.step.started", "subagent.step.completed", "subagent.run.completed"]
+            &[
+                "subagent.run.queued",
+                "subagent.run.started",
+                "subagent.step.started",
+                "subagent.step.completed",
+                "subagent.run.completed"
+            ]
         ),
         "event order: {types:?}"
     );
@@ -381,7 +389,8 @@ fn parallel_concurrency_limit_and_failure() {
             assert!((1..=2).contains(&n), "member {i} saw {n} members running at once (limit 2)");
         }
     }
-    let pc = env.events(id).into_iter().find(|e| e["type"] == "subagent.parallel.completed").expect("parallel.completed");
+    let pc =
+        env.events(id).into_iter().find(|e| e["type"] == "subagent.parallel.completed").expect("parallel.completed");
     assert_eq!(pc["success"], json!(false));
     env.check_consistency();
 }
@@ -396,7 +405,10 @@ fn parallel_group_inside_chain() {
         &env.work,
         vec![
             sh_step("A", "echo A idx=$RUNSPOOL_STEP_INDEX"),
-            parallel(vec![sh_step("B", "echo B idx=$RUNSPOOL_STEP_INDEX"), sh_step("C", "echo C idx=$RUNSPOOL_STEP_INDEX")], None),
+            parallel(
+                vec![sh_step("B", "echo B idx=$RUNSPOOL_STEP_INDEX"), sh_step("C", "echo C idx=$RUNSPOOL_STEP_INDEX")],
+                None,
+            ),
             sh_step("D", "echo D idx=$RUNSPOOL_STEP_INDEX"),
         ],
     );
@@ -453,7 +465,11 @@ fn run_timeout_fails_with_timed_out() {
     env.start_daemon();
     let id = "run-timeout";
     let pidf = env.work.join("pid-rt");
-    let mut req = request(Some(id), &env.work, vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 30")), sh_step("after", "true")]);
+    let mut req = request(
+        Some(id),
+        &env.work,
+        vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 30")), sh_step("after", "true")],
+    );
     req["timeoutMs"] = json!(1500);
     env.submit(&req);
     // (no waiting for the pid file: under load the deadline may pass before the step starts)
@@ -501,7 +517,11 @@ fn stop_running_run_via_cli() {
     env.start_daemon();
     let id = "stop-me";
     let pidf = env.work.join("pid-stop");
-    env.submit(&request(Some(id), &env.work, vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 60")), sh_step("after", "true")]));
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 60")), sh_step("after", "true")],
+    ));
     env.wait_file(&pidf);
     let pid = read_pid(&pidf);
     env.wait_state(id, "running");
@@ -634,7 +654,12 @@ fn priority_higher_first() {
     }
     let got = fs::read_to_string(&order).unwrap();
     assert_eq!(got.split_whitespace().collect::<Vec<_>>(), vec!["high", "mid", "low"], "run order");
-    let q: Vec<i64> = env.events("prio-high").iter().filter(|e| e["type"] == "subagent.run.queued").map(|e| e["priority"].as_i64().unwrap()).collect();
+    let q: Vec<i64> = env
+        .events("prio-high")
+        .iter()
+        .filter(|e| e["type"] == "subagent.run.queued")
+        .map(|e| e["priority"].as_i64().unwrap())
+        .collect();
     assert_eq!(q, vec![10]);
     env.check_consistency();
 }
@@ -647,7 +672,9 @@ fn max_running_is_respected() {
     for i in 0..4 {
         env.submit(&request(Some(&format!("maxr-{i}")), &env.work, vec![sh_step("g", &gate_wait(&gate))]));
     }
-    wait_until(LONG, "two running", || (0..4).filter(|i| env.state(&format!("maxr-{i}")).as_deref() == Some("running")).count() == 2);
+    wait_until(LONG, "two running", || {
+        (0..4).filter(|i| env.state(&format!("maxr-{i}")).as_deref() == Some("running")).count() == 2
+    });
     wait_until(LONG, "all claimed", || (0..4).all(|i| env.state(&format!("maxr-{i}")).is_some()));
     std::thread::sleep(Duration::from_secs(2));
     let running = (0..4).filter(|i| env.state(&format!("maxr-{i}")).as_deref() == Some("running")).count();
@@ -673,7 +700,8 @@ fn cli_submit_wait_status_list_logs() {
     let work = env.work.to_str().unwrap().to_string();
 
     // submit --wait exits with the run's exit code
-    let o = env.cli(&["submit", "--run-id", "cli-seven", "--cwd", &work, "--wait", "--", "sh", "-c", "echo seven; exit 7"]);
+    let o =
+        env.cli(&["submit", "--run-id", "cli-seven", "--cwd", &work, "--wait", "--", "sh", "-c", "echo seven; exit 7"]);
     assert_eq!(o.status.code(), Some(7), "submit --wait exit code: {}", describe(&o));
     assert!(stdout_str(&o).lines().any(|l| l.trim() == "cli-seven"), "submit prints the run id: {}", describe(&o));
     let st = env.status("cli-seven").unwrap();
@@ -685,8 +713,23 @@ fn cli_submit_wait_status_list_logs() {
 
     // submit without --wait prints just the id; options land in the request
     let o = env.cli(&[
-        "submit", "--run-id", "cli-opts", "--session", "cli-sess", "--cwd", &work, "--env", "FOO=bar baz", "--timeout", "5m",
-        "--priority", "7", "--", "sh", "-c", "echo foo=$FOO",
+        "submit",
+        "--run-id",
+        "cli-opts",
+        "--session",
+        "cli-sess",
+        "--cwd",
+        &work,
+        "--env",
+        "FOO=bar baz",
+        "--timeout",
+        "5m",
+        "--priority",
+        "7",
+        "--",
+        "sh",
+        "-c",
+        "echo foo=$FOO",
     ]);
     assert!(o.status.success(), "{}", describe(&o));
     assert_eq!(stdout_str(&o).trim(), "cli-opts");
@@ -699,7 +742,10 @@ fn cli_submit_wait_status_list_logs() {
     assert_eq!(req["priority"], 7);
     assert_eq!(req["timeoutMs"], 300000);
     assert_eq!(req["cwd"].as_str(), Some(work.as_str()));
-    assert!(req["env"]["FOO"] == "bar baz" || req["steps"][0]["env"]["FOO"] == "bar baz", "--env lands in the request: {req}");
+    assert!(
+        req["env"]["FOO"] == "bar baz" || req["steps"][0]["env"]["FOO"] == "bar baz",
+        "--env lands in the request: {req}"
+    );
     assert_eq!(env.status("cli-opts").unwrap()["state"], "complete");
     assert!(env.output_log("cli-opts", 0).contains("foo=bar baz"));
 
@@ -781,7 +827,12 @@ fn daemon_term_exits_zero_and_leaves_runner() {
     let code = env.term();
     // The promise is "within 5 s" (flushing deferred writes is bounded at 3 s);
     // with nothing deferred it is far quicker, so this is a deadline, not a benchmark.
-    assert!(asked.elapsed() < Duration::from_secs(5), "daemon took {:?} to exit after SIGTERM\n{}", asked.elapsed(), env.log_tail(30));
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "daemon took {:?} to exit after SIGTERM\n{}",
+        asked.elapsed(),
+        env.log_tail(30)
+    );
     assert_eq!(code.code(), Some(0), "daemon exit status after SIGTERM");
     assert!(process_alive(runner), "runner survives the daemon");
     assert!(env.log_tail(10).contains("stopping on signal SIGTERM; runs keep running"), "{}", env.log_tail(30));
@@ -800,7 +851,12 @@ fn daemon_term_exits_zero_and_leaves_runner() {
         libc::kill(child.id() as libc::pid_t, libc::SIGINT);
     }
     let exited = poll_until(Duration::from_secs(60), || child.try_wait().unwrap().is_some());
-    assert!(exited && asked.elapsed() < Duration::from_secs(5), "daemon took {:?} to exit after SIGINT\n{}", asked.elapsed(), env.log_tail(30));
+    assert!(
+        exited && asked.elapsed() < Duration::from_secs(5),
+        "daemon took {:?} to exit after SIGINT\n{}",
+        asked.elapsed(),
+        env.log_tail(30)
+    );
     assert_eq!(child.wait().unwrap().code(), Some(0), "daemon exit status after SIGINT\n{}", env.log_tail(30));
 }
 
@@ -826,7 +882,11 @@ fn step_killed_by_signal_records_128_plus_n() {
 fn missing_command_fails_cleanly() {
     let mut env = TestEnv::new();
     env.start_daemon();
-    env.submit(&request(Some("no-such-binary"), &env.work, vec![cmd_step("x", &["/nonexistent/definitely-not-here"]), cmd_step("y", &["true"])]));
+    env.submit(&request(
+        Some("no-such-binary"),
+        &env.work,
+        vec![cmd_step("x", &["/nonexistent/definitely-not-here"]), cmd_step("y", &["true"])],
+    ));
     let st = env.wait_terminal("no-such-binary");
     assert_eq!(st["state"], "failed", "{st}");
     assert_ne!(st["exitCode"], 0);
@@ -882,11 +942,17 @@ fn sighup_reloads_config_and_keeps_it_on_error() {
     let refusal = log(&env).lines().find(|l| l.contains("configuration refused")).unwrap().to_string();
     assert!(refusal.contains(" ERROR ") && refusal.contains(&config) && refusal.contains("no_such_key"), "{refusal}");
     std::thread::sleep(Duration::from_secs(1));
-    assert!(env.daemon_exited().is_none(), "an invalid config on SIGHUP must not stop the daemon\n{}", env.log_tail(30));
+    assert!(
+        env.daemon_exited().is_none(),
+        "an invalid config on SIGHUP must not stop the daemon\n{}",
+        env.log_tail(30)
+    );
     assert_eq!(env.state("hup-b").as_deref(), Some("queued"), "old max_running = 1 still applies");
 
     // A valid file is applied, and the report says what changed.
-    env.write_config("max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 5\n[log]\nlevel = \"debug\"\n");
+    env.write_config(
+        "max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 5\n[log]\nlevel = \"debug\"\n",
+    );
     unsafe {
         libc::kill(pid as libc::pid_t, libc::SIGHUP);
     }
@@ -919,7 +985,11 @@ fn sighup_level_change_yields_to_runspool_log() {
     wait_until(LONG, "the reload report in the daemon log", || log().contains("configuration reloaded"));
     let text = log();
     let report = text[text.find("configuration reloaded").unwrap()..].lines().next().unwrap().to_string();
-    assert!(report.contains("retention_days 30 -> 7") && report.contains("log.level info -> error (not applied: RUNSPOOL_LOG = info is set and wins)"), "{report}");
+    assert!(
+        report.contains("retention_days 30 -> 7")
+            && report.contains("log.level info -> error (not applied: RUNSPOOL_LOG = info is set and wins)"),
+        "{report}"
+    );
     // Still logging at the variable's level: info lines keep coming.
     env.submit(&request(Some("after-hup"), &env.work, vec![cmd_step("a", &["true"])]));
     env.wait_terminal("after-hup");
@@ -932,7 +1002,8 @@ fn stop_kills_every_parallel_member() {
     env.start_daemon();
     let id = "stop-par";
     let pids: Vec<_> = (0..3).map(|i| env.work.join(format!("par-pid-{i}"))).collect();
-    let members = pids.iter().enumerate().map(|(i, p)| sh_step(&format!("m{i}"), &step_pid_script(p, "exec sleep 60"))).collect();
+    let members =
+        pids.iter().enumerate().map(|(i, p)| sh_step(&format!("m{i}"), &step_pid_script(p, "exec sleep 60"))).collect();
     env.submit(&request(Some(id), &env.work, vec![parallel(members, None), sh_step("after", "true")]));
     for p in &pids {
         env.wait_file(p);
@@ -970,7 +1041,11 @@ fn output_captures_stderr_and_summary_is_the_tail() {
     let summary = r["summary"].as_str().unwrap();
     assert!(summary.len() <= 4096, "summary is at most 4 KiB, got {}", summary.len());
     assert!(summary.len() > 1000, "summary holds the tail, got {} bytes", summary.len());
-    assert!(summary.trim_end().ends_with("THE-END"), "summary ends with the last line: {:?}", &summary[summary.len().saturating_sub(80)..]);
+    assert!(
+        summary.trim_end().ends_with("THE-END"),
+        "summary ends with the last line: {:?}",
+        &summary[summary.len().saturating_sub(80)..]
+    );
     assert!(!summary.contains("from-first"), "summary comes from the last step");
     env.check_consistency();
 }

@@ -23,8 +23,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const CODES: &[&str] = &[
-    "bad-name", "not-regular-file", "bad-owner", "bad-permissions", "too-large", "invalid-json",
-    "unsupported-version", "invalid-field", "duplicate-run-id", "cwd-missing", "unknown-provider",
+    "bad-name",
+    "not-regular-file",
+    "bad-owner",
+    "bad-permissions",
+    "too-large",
+    "invalid-json",
+    "unsupported-version",
+    "invalid-field",
+    "duplicate-run-id",
+    "cwd-missing",
+    "unknown-provider",
 ];
 
 fn corpus_dir() -> PathBuf {
@@ -94,7 +103,16 @@ fn fingerprint(p: &Path) -> String {
             } else {
                 String::new()
             };
-            format!("{:?} mode={:o} uid={} len={} mtime={}.{} {}", ft, m.mode(), m.uid(), m.len(), m.mtime(), m.mtime_nsec(), content)
+            format!(
+                "{:?} mode={:o} uid={} len={} mtime={}.{} {}",
+                ft,
+                m.mode(),
+                m.uid(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                content
+            )
         }
     }
 }
@@ -105,10 +123,12 @@ fn snapshot(paths: &[PathBuf], trees: &[PathBuf]) -> BTreeMap<PathBuf, String> {
         all.push(t.clone());
         all.extend(walk_all(t));
     }
-    all.into_iter().map(|p| {
-        let f = fingerprint(&p);
-        (p, f)
-    }).collect()
+    all.into_iter()
+        .map(|p| {
+            let f = fingerprint(&p);
+            (p, f)
+        })
+        .collect()
 }
 
 fn flock_ex(f: &fs::File) {
@@ -164,7 +184,12 @@ fn run_corpus(config: &str) {
         replace_all(&b, b"@WORK@", work.as_os_str().as_bytes())
     };
     let valid_body = |name: &str| -> Vec<u8> {
-        serde_json::to_vec(&request(Some(name), &work, vec![sh_step("a", &format!("touch {}/{name}", canary.display()))])).unwrap()
+        serde_json::to_vec(&request(
+            Some(name),
+            &work,
+            vec![sh_step("a", &format!("touch {}/{name}", canary.display()))],
+        ))
+        .unwrap()
     };
 
     // Things planted before the drop: a run id already in use, a run id that
@@ -196,7 +221,10 @@ fn run_corpus(config: &str) {
             skipped.push(e["file"].as_str().unwrap().to_string());
             continue;
         }
-        let mut body = e["body"].as_str().map(|b| subst(&fs::read(corpus_dir().join("bodies").join(b)).unwrap())).unwrap_or_default();
+        let mut body = e["body"]
+            .as_str()
+            .map(|b| subst(&fs::read(corpus_dir().join("bodies").join(b)).unwrap()))
+            .unwrap_or_default();
         if let Some(n) = e["pad_to"].as_u64() {
             assert!(body.len() as u64 <= n);
             body.resize(n as usize, b' ');
@@ -347,7 +375,10 @@ fn run_corpus(config: &str) {
             continue;
         };
         if v["code"] != e["code"] {
-            failures.push(format!("{entry:?}: code {} but the manifest expects {} ({})", v["code"], e["code"], v["message"]));
+            failures.push(format!(
+                "{entry:?}: code {} but the manifest expects {} ({})",
+                v["code"], e["code"], v["message"]
+            ));
         }
         if v["file"].as_str() != Some(entry.as_str()) || v["version"] != 1 || !v["rejectedAt"].is_i64() {
             failures.push(format!("{entry:?}: malformed error file {v}"));
@@ -372,7 +403,8 @@ fn run_corpus(config: &str) {
                 }
                 if let Some(b) = expected_bytes.get(&entry) {
                     if &fs::read(&moved).unwrap_or_default() != b {
-                        failures.push(format!("{entry:?}: the rejected entry is not byte-identical to what was published"));
+                        failures
+                            .push(format!("{entry:?}: the rejected entry is not byte-identical to what was published"));
                     }
                 }
             }
@@ -416,7 +448,13 @@ fn run_corpus(config: &str) {
         }
         report(&format!("hostile corpus: race entry swapped {} times, {seen} versions rejected", swaps.unwrap_or(0)));
     }
-    assert!(failures.is_empty(), "{} corpus failures:\n  {}\n{}", failures.len(), failures.join("\n  "), env.log_tail(80));
+    assert!(
+        failures.is_empty(),
+        "{} corpus failures:\n  {}\n{}",
+        failures.len(),
+        failures.join("\n  "),
+        env.log_tail(80)
+    );
 
     // Nothing is left in the spool (dot names are our own staging, all consumed).
     let left: Vec<String> = list_names(&env.spool()).into_iter().filter(|n| n != "rejected").collect();
@@ -424,7 +462,11 @@ fn run_corpus(config: &str) {
 
     // The daemon still serves.
     assert!(env.daemon_exited().is_none(), "the daemon died\n{}", env.log_tail(80));
-    let (after, _) = env.submit(&request(Some("after-corpus"), &work, vec![sh_step("a", &format!("touch {}/after-corpus", canary.display()))]));
+    let (after, _) = env.submit(&request(
+        Some("after-corpus"),
+        &work,
+        vec![sh_step("a", &format!("touch {}/after-corpus", canary.display()))],
+    ));
     assert_eq!(env.wait_terminal(&after)["state"], "complete");
 
     // No corpus entry became a run: the only commands that ran are the valid ones.
@@ -437,7 +479,12 @@ fn run_corpus(config: &str) {
         .filter_map(|e| Some((e["run_id"].as_str()?.to_string(), e["code"].as_str()?.to_string())))
         .collect();
     for id in env.run_ids() {
-        if valid_ids.contains(&id) || id == "after-corpus" || id == "taken-run" || id == "linked-run" || id == "file-run" {
+        if valid_ids.contains(&id)
+            || id == "after-corpus"
+            || id == "taken-run"
+            || id == "linked-run"
+            || id == "file-run"
+        {
             continue;
         }
         let Some(code) = rejected_runs.get(&id) else {
@@ -461,7 +508,8 @@ fn run_corpus(config: &str) {
     assert!(env.terminal_dir().join(seg("../../../escape-session")).is_dir());
 
     // Nothing outside the temp root changed; nothing new appeared beside it or in it.
-    let after_snap = snapshot(&[PathBuf::from("/etc/passwd"), PathBuf::from("/etc/hostname")], std::slice::from_ref(&work));
+    let after_snap =
+        snapshot(&[PathBuf::from("/etc/passwd"), PathBuf::from("/etc/hostname")], std::slice::from_ref(&work));
     let changed: Vec<String> = after_snap
         .iter()
         .filter(|(p, f)| !p.starts_with(&canary) && before.get(*p) != Some(*f))
@@ -477,7 +525,11 @@ fn run_corpus(config: &str) {
     let top: BTreeSet<String> = list_names(&env.root).into_iter().collect();
     let layout: BTreeSet<String> =
         ["spool", "async-subagent-runs", "async-subagent-results", "runspool"].iter().map(|s| s.to_string()).collect();
-    assert!(top.is_subset(&layout), "unexpected entries at the top of the root: {:?}", top.difference(&layout).collect::<Vec<_>>());
+    assert!(
+        top.is_subset(&layout),
+        "unexpected entries at the top of the root: {:?}",
+        top.difference(&layout).collect::<Vec<_>>()
+    );
     assert!(!env.runs().join("..").join("x").exists() && !env.root.join("x").exists(), "runId ../x created nothing");
 
     drop(sockets);
@@ -645,7 +697,13 @@ fn fuzz_regressions_replay() {
                 }
                 _ => {
                     if let Some((sel, rest)) = data.split_first() {
-                        let ops = [bridge::Operation::Start, bridge::Operation::Status, bridge::Operation::Result, bridge::Operation::Reattach, bridge::Operation::Cancel];
+                        let ops = [
+                            bridge::Operation::Start,
+                            bridge::Operation::Status,
+                            bridge::Operation::Result,
+                            bridge::Operation::Reattach,
+                            bridge::Operation::Cancel,
+                        ];
                         let _ = bridge::parse_handle(rest, ops[*sel as usize % 5]);
                         let _ = bridge::parse_failure(rest);
                         let _ = bridge::parse_request(rest, "req-1", "run-1");

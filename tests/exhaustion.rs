@@ -133,7 +133,13 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
             break;
         }
         assert!(env.daemon_exited().is_none(), "the daemon died\n{}", env.log_tail(60));
-        assert!(Instant::now() < deadline, "{} entries still in the spool after 20 minutes, e.g. {:?}\n{}", left.len(), &left[..left.len().min(5)], env.log_tail(40));
+        assert!(
+            Instant::now() < deadline,
+            "{} entries still in the spool after 20 minutes, e.g. {:?}\n{}",
+            left.len(),
+            &left[..left.len().min(5)],
+            env.log_tail(40)
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     let (hwm, rss) = proc_rss_kib(pid).expect("the daemon is alive");
@@ -149,7 +155,10 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
 
     // The stuck entries are still waiting: neither rejected early nor lost.
     assert!(locked_path.exists() && fresh_path.exists(), "stuck entries stay in the spool while their writers work");
-    assert!(!env.rejected().join("stuck-locked.error.json").exists() && !env.rejected().join("stuck-fresh.error.json").exists());
+    assert!(
+        !env.rejected().join("stuck-locked.error.json").exists()
+            && !env.rejected().join("stuck-fresh.error.json").exists()
+    );
 
     // Every hostile entry is rejected exactly once, with its code.
     let mut wrong = vec![];
@@ -172,7 +181,11 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
         })
         .collect();
     if !extra.is_empty() {
-        wrong.push(format!("{} unexpected names in rejected/ (a duplicate or a valid request rejected?), e.g. {:?}", extra.len(), &extra[..extra.len().min(5)]));
+        wrong.push(format!(
+            "{} unexpected names in rejected/ (a duplicate or a valid request rejected?), e.g. {:?}",
+            extra.len(),
+            &extra[..extra.len().min(5)]
+        ));
     }
     // Every valid entry is exactly one run that owns its bytes.
     for (id, bytes) in &valid {
@@ -186,7 +199,11 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
     let runs: Vec<String> = env.run_ids();
     let unknown: Vec<&String> = runs.iter().filter(|r| !valid.contains_key(*r)).collect();
     if !unknown.is_empty() {
-        wrong.push(format!("{} run directories for no valid request, e.g. {:?}", unknown.len(), &unknown[..unknown.len().min(5)]));
+        wrong.push(format!(
+            "{} run directories for no valid request, e.g. {:?}",
+            unknown.len(),
+            &unknown[..unknown.len().min(5)]
+        ));
     }
     assert!(!env.root.join("escape-1").exists() && !env.root.join("escape-3").exists());
     assert!(wrong.is_empty(), "{} problems:\n  {}", wrong.len(), wrong[..wrong.len().min(30)].join("\n  "));

@@ -85,11 +85,7 @@ fn fires_exactly_once_across_daemon_kills() {
     wait_hook_done(&env, "once-up");
     // Ends while no daemon runs: the next daemon owes it its hook.
     let gate = env.work.join("gate-once");
-    env.submit(&request(
-        Some("once-down"),
-        &env.work,
-        vec![sh_step("a", &format!("{}; exit 4", gate_wait(&gate)))],
-    ));
+    env.submit(&request(Some("once-down"), &env.work, vec![sh_step("a", &format!("{}; exit 4", gate_wait(&gate)))]));
     env.wait_state("once-down", "running");
     env.kill9();
     open_gate(&gate);

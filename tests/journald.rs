@@ -45,7 +45,11 @@ struct Journald {
 impl Journald {
     fn ensure() -> Journald {
         // One journald starter at a time, across test binaries and worktrees.
-        let lock = File::options().create(true).append(true).open(std::env::temp_dir().join("runspool-journald-test.lock")).unwrap();
+        let lock = File::options()
+            .create(true)
+            .append(true)
+            .open(std::env::temp_dir().join("runspool-journald-test.lock"))
+            .unwrap();
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
         if journal_listening() {
             eprintln!("journald: using the journald already running on this machine");
@@ -78,7 +82,11 @@ impl Journald {
             if let Some(st) = jd.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("systemd-journald exited with {st}:\n{}", jd.stderr_text());
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "systemd-journald not listening on {SOCKET} after 30 s:\n{}", jd.stderr_text());
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "systemd-journald not listening on {SOCKET} after 30 s:\n{}",
+                jd.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         eprintln!("journald: started systemd-journald (pid {}) for this test", jd.child.as_ref().unwrap().id());
@@ -112,7 +120,11 @@ impl Drop for Journald {
 
 /// Entries matching `matches` (journalctl FIELD=value terms), as JSON objects.
 fn journal(matches: &[String]) -> Vec<Value> {
-    let o = Command::new("journalctl").args(["--no-pager", "-q", "-o", "json"]).args(matches).output().expect("run journalctl");
+    let o = Command::new("journalctl")
+        .args(["--no-pager", "-q", "-o", "json"])
+        .args(matches)
+        .output()
+        .expect("run journalctl");
     String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
@@ -130,7 +142,10 @@ fn wait_entry(matches: &[String], message: &str, daemon_log: &dyn Fn() -> String
     assert!(
         ok,
         "no journal entry {matches:?} with a message containing {message:?} after 60 s; entries:\n{:#?}\n{}",
-        journal(matches).iter().map(|e| (field(e, "PRIORITY").to_string(), field(e, "MESSAGE").to_string())).collect::<Vec<_>>(),
+        journal(matches)
+            .iter()
+            .map(|e| (field(e, "PRIORITY").to_string(), field(e, "MESSAGE").to_string()))
+            .collect::<Vec<_>>(),
         daemon_log()
     );
     found.unwrap()
@@ -170,7 +185,9 @@ fn one_runs_story_is_found_by_run_id_with_priorities() {
         )
     };
     let log = || files(&out_path, &err_path);
-    wait_until(LONG, "daemon.json naming the daemon", || read_json(&env.daemon_json()).is_some_and(|d| d["pid"].as_i64() == Some(pid)));
+    wait_until(LONG, "daemon.json naming the daemon", || {
+        read_json(&env.daemon_json()).is_some_and(|d| d["pid"].as_i64() == Some(pid))
+    });
     let by_pid = vec![format!("_PID={pid}")];
     let started = wait_entry(&by_pid, "runspool daemon started", &log);
     assert_eq!(field(&started, "PRIORITY"), "6", "info is priority 6: {started:#}");
@@ -182,7 +199,11 @@ fn one_runs_story_is_found_by_run_id_with_priorities() {
     // died, run repaired) entries, all carrying RUN_ID.
     let id = unique("journald-run");
     let gate = env.work.join("never-opened");
-    env.submit(&request(Some(&id), &env.work, vec![sh_step("wait", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))]));
+    env.submit(&request(
+        Some(&id),
+        &env.work,
+        vec![sh_step("wait", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))],
+    ));
     let st = env.wait_state(&id, "running");
     let runner = st["pid"].as_i64().expect("runner pid in status.json");
     unsafe {
@@ -218,5 +239,9 @@ fn one_runs_story_is_found_by_run_id_with_priorities() {
     let stdout = fs::read_to_string(&out_path).unwrap();
     assert!(stdout.is_empty(), "nothing on the daemon's stdout, ever:\n{}", log());
     let stderr = fs::read_to_string(&err_path).unwrap();
-    assert!(!stderr.contains("runner started"), "with the journal chosen, log lines are not also written to stderr:\n{}", log());
+    assert!(
+        !stderr.contains("runner started"),
+        "with the journal chosen, log lines are not also written to stderr:\n{}",
+        log()
+    );
 }

@@ -8,7 +8,11 @@ use serde_json::{json, Value};
 use std::fs;
 
 fn list_ids(v: &Value) -> Vec<String> {
-    v.as_array().expect("list --json prints an array").iter().map(|s| s["runId"].as_str().unwrap_or("?").to_string()).collect()
+    v.as_array()
+        .expect("list --json prints an array")
+        .iter()
+        .map(|s| s["runId"].as_str().unwrap_or("?").to_string())
+        .collect()
 }
 
 #[test]
@@ -18,7 +22,12 @@ fn recent_uses_terminal_index_newest_first() {
     let base = now_ms() - 3_000_000;
     let n = 2000;
     for i in 0..n {
-        env.fabricate_terminal_run(&format!("run-{i:04}"), session, base + (i as i64) * 1000, if i % 7 == 0 { "failed" } else { "complete" });
+        env.fabricate_terminal_run(
+            &format!("run-{i:04}"),
+            session,
+            base + (i as i64) * 1000,
+            if i % 7 == 0 { "failed" } else { "complete" },
+        );
     }
     // Corrupt every status but the newest 20: a reader that touches them fails or slows down.
     for i in 0..n - 20 {
@@ -31,15 +40,22 @@ fn recent_uses_terminal_index_newest_first() {
     let junk = sdir.join(format!("{:016}-junk.json", far));
     fs::write(&junk, b"not json").unwrap();
     let v2 = sdir.join(format!("{:016}-run-1999.json", far + 1));
-    fs::write(&v2, json!({"version": 2, "runId": "run-1999", "sessionId": session, "endedAt": far + 1}).to_string()).unwrap();
+    fs::write(&v2, json!({"version": 2, "runId": "run-1999", "sessionId": session, "endedAt": far + 1}).to_string())
+        .unwrap();
     let disagree = sdir.join(format!("{:016}-run-1998.json", far + 2));
-    fs::write(&disagree, json!({"version": 1, "runId": "run-1998", "sessionId": session, "endedAt": far + 2}).to_string()).unwrap();
+    fs::write(
+        &disagree,
+        json!({"version": 1, "runId": "run-1998", "sessionId": session, "endedAt": far + 2}).to_string(),
+    )
+    .unwrap();
     let missing = sdir.join(format!("{:016}-ghost.json", far + 3));
-    fs::write(&missing, json!({"version": 1, "runId": "ghost", "sessionId": session, "endedAt": far + 3}).to_string()).unwrap();
+    fs::write(&missing, json!({"version": 1, "runId": "ghost", "sessionId": session, "endedAt": far + 3}).to_string())
+        .unwrap();
 
     let o = env.cli(&["list", "--recent", "20", "--session", session, "--json"]);
     assert!(o.status.success(), "list --recent: {}", describe(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("list --json output is JSON ({e}): {}", describe(&o)));
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("list --json output is JSON ({e}): {}", describe(&o)));
     let want: Vec<String> = (n - 20..n).rev().map(|i| format!("run-{i:04}")).collect();
     assert_eq!(list_ids(&v), want, "the newest 20, newest first");
     for s in v.as_array().unwrap() {

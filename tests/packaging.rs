@@ -28,7 +28,12 @@ fn root_dir() -> &'static Path {
 }
 
 fn has(tool: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn is_root() -> bool {
@@ -175,15 +180,25 @@ fn deb_installs_binary_unit_completions_and_man_pages() {
     assert_eq!(v.trim(), format!("runspool {VERSION}"));
 
     let unit = fs::read_to_string(x.join("usr/lib/systemd/user/runspool.service")).unwrap();
-    assert_eq!(unit.lines().filter(|l| l.starts_with("ExecStart=")).collect::<Vec<_>>(), ["ExecStart=/usr/bin/runspool daemon"]);
-    let rendered = ok(Command::new(BIN).args(["service", "unit", "--bin", "/usr/bin/runspool"]).output().unwrap(), "runspool service unit");
+    assert_eq!(
+        unit.lines().filter(|l| l.starts_with("ExecStart=")).collect::<Vec<_>>(),
+        ["ExecStart=/usr/bin/runspool daemon"]
+    );
+    let rendered = ok(
+        Command::new(BIN).args(["service", "unit", "--bin", "/usr/bin/runspool"]).output().unwrap(),
+        "runspool service unit",
+    );
     assert_eq!(unit, rendered, "the packaged unit is not what `runspool service unit` renders");
     verify_unit(&unit, &bin, tmp.path());
 
     let bash = x.join("usr/share/bash-completion/completions/runspool");
     ok(Command::new("bash").arg("-n").arg(&bash).output().unwrap(), "bash -n on the packaged completion");
-    assert!(fs::read_to_string(x.join("usr/share/zsh/vendor-completions/_runspool")).unwrap().starts_with("#compdef runspool"));
-    assert!(fs::read_to_string(x.join("usr/share/fish/vendor_completions.d/runspool.fish")).unwrap().contains("complete -c runspool"));
+    assert!(fs::read_to_string(x.join("usr/share/zsh/vendor-completions/_runspool"))
+        .unwrap()
+        .starts_with("#compdef runspool"));
+    assert!(fs::read_to_string(x.join("usr/share/fish/vendor_completions.d/runspool.fish"))
+        .unwrap()
+        .contains("complete -c runspool"));
 
     for page in man_pages() {
         let gz = x.join("usr/share/man/man1").join(format!("{page}.gz"));
@@ -191,7 +206,10 @@ fn deb_installs_binary_unit_completions_and_man_pages() {
         let title = format!(".TH {} 1 ", page.trim_end_matches(".1"));
         assert!(roff.contains(&title), "{page} has no `{title}`");
     }
-    let top = ok(Command::new("gzip").arg("-dc").arg(x.join("usr/share/man/man1/runspool.1.gz")).output().unwrap(), "gzip -dc");
+    let top = ok(
+        Command::new("gzip").arg("-dc").arg(x.join("usr/share/man/man1/runspool.1.gz")).output().unwrap(),
+        "gzip -dc",
+    );
     if tool("groff", "groff", "the packaged runspool.1's rendering") {
         let mut child = Command::new("groff")
             .args(["-man", "-Tutf8", "-ww", "-z"])
@@ -232,21 +250,34 @@ fn rpm_spec_parses_lints_and_installs_the_same_files() {
     if tool("rpmspec", "rpm", "the RPM spec (rpmspec -P)") {
         let expanded = ok(Command::new("rpmspec").arg("-P").arg(&spec).output().unwrap(), "rpmspec -P");
         let tag = |t: &str| -> String {
-            let l = expanded.lines().find(|l| l.starts_with(&format!("{t}:"))).unwrap_or_else(|| panic!("no {t}: in\n{expanded}"));
+            let l = expanded
+                .lines()
+                .find(|l| l.starts_with(&format!("{t}:")))
+                .unwrap_or_else(|| panic!("no {t}: in\n{expanded}"));
             l[t.len() + 1..].trim().to_string()
         };
         assert_eq!(tag("Version"), VERSION, "the spec's Version is not Cargo.toml's");
         assert_eq!(tag("Summary"), DESCRIPTION);
         assert_eq!(tag("License"), env!("CARGO_PKG_LICENSE"));
         // %files, expanded: the same files as the .deb (man pages by glob).
-        let section = expanded.split("\n%files\n").nth(1).expect("a %files section").split("\n%changelog").next().unwrap();
+        let section =
+            expanded.split("\n%files\n").nth(1).expect("a %files section").split("\n%changelog").next().unwrap();
         let listed: BTreeSet<&str> = section.lines().filter(|l| l.starts_with('/')).collect();
         let want = installed_files("/usr/share/zsh/site-functions", "");
-        let (man, other): (BTreeSet<&str>, BTreeSet<&str>) = listed.iter().partition(|l| l.starts_with("/usr/share/man/"));
-        let want_other: BTreeSet<&str> = want.iter().map(String::as_str).filter(|p| !p.starts_with("/usr/share/man/")).collect();
+        let (man, other): (BTreeSet<&str>, BTreeSet<&str>) =
+            listed.iter().partition(|l| l.starts_with("/usr/share/man/"));
+        let want_other: BTreeSet<&str> =
+            want.iter().map(String::as_str).filter(|p| !p.starts_with("/usr/share/man/")).collect();
         assert_eq!(other, want_other, "%files:\n{section}");
-        assert_eq!(man, BTreeSet::from(["/usr/share/man/man1/runspool.1*", "/usr/share/man/man1/runspool-*.1*"]), "%files:\n{section}");
-        assert!(expanded.contains("bash scripts/package-assets.sh target/release/runspool pkg-assets /usr/bin"), "{expanded}");
+        assert_eq!(
+            man,
+            BTreeSet::from(["/usr/share/man/man1/runspool.1*", "/usr/share/man/man1/runspool-*.1*"]),
+            "%files:\n{section}"
+        );
+        assert!(
+            expanded.contains("bash scripts/package-assets.sh target/release/runspool pkg-assets /usr/bin"),
+            "{expanded}"
+        );
         eprintln!("rpmspec -P: OK (Version {VERSION}, %files as the .deb)");
     }
     if tool("rpmlint", "rpmlint", "the RPM spec (rpmlint)") {

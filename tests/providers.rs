@@ -85,7 +85,11 @@ impl Engine {
         Engine { dir, exe }
     }
     fn calls(&self) -> Vec<String> {
-        fs::read_to_string(self.dir.join("calls.log")).unwrap_or_default().lines().map(|l| l.split(' ').next().unwrap().to_string()).collect()
+        fs::read_to_string(self.dir.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect()
     }
     fn count(&self, op: &str) -> usize {
         self.calls().iter().filter(|c| *c == op).count()
@@ -174,7 +178,11 @@ fn failing_job_fails_the_run_with_the_engine_reason() {
     let (mut env, _eng) = env_with_engine("");
     env.start_daemon();
     let id = "ext-fail-1";
-    env.submit(&request(Some(id), &env.work, vec![ext_step("remote", "engine", "echo about-to-fail; exit 3"), sh_step("never", "echo x")]));
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![ext_step("remote", "engine", "echo about-to-fail; exit 3"), sh_step("never", "echo x")],
+    ));
     let st = env.wait_terminal(id);
     assert_eq!(st["state"], "failed");
     let s0 = &st["steps"][0];
@@ -237,13 +245,25 @@ fn provider_misconfiguration_gives_named_errors_and_the_daemon_keeps_serving() {
     let bin = env.base().join("bin");
     fs::create_dir_all(&bin).unwrap();
     let garbage = bin.join("garbage.sh");
-    write_exe(&garbage, "#!/bin/sh\ncat >/dev/null\necho 'this is not json'\necho 'engine exploded: disk on fire' >&2\nexit 3\n");
+    write_exe(
+        &garbage,
+        "#!/bin/sh\ncat >/dev/null\necho 'this is not json'\necho 'engine exploded: disk on fire' >&2\nexit 3\n",
+    );
     let badhandle = bin.join("badhandle.sh");
-    write_exe(&badhandle, "#!/bin/sh\ncat >/dev/null\necho '{\"providerJobId\":\"1\",\"state\":\"queued\",\"colour\":\"blue\"}'\n");
+    write_exe(
+        &badhandle,
+        "#!/bin/sh\ncat >/dev/null\necho '{\"providerJobId\":\"1\",\"state\":\"queued\",\"colour\":\"blue\"}'\n",
+    );
     let coded = bin.join("coded.sh");
     write_exe(&coded, "#!/bin/sh\ncat >/dev/null\necho '{\"code\":\"quota-exceeded\",\"message\":\"project lab is over its quota\"}'\nexit 4\n");
     let slow = bin.join("slow.sh");
-    write_exe(&slow, &format!("#!/bin/sh\ncat >/dev/null\nsleep 300 &\necho $! > {}/slow-child.pid\nsleep 300\n", env.base().display()));
+    write_exe(
+        &slow,
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\nsleep 300 &\necho $! > {}/slow-child.pid\nsleep 300\n",
+            env.base().display()
+        ),
+    );
     let missing = env.base().join("no-such-provider-binary");
     env.write_config(&config_with(&format!(
         "[providers.missing]\ntype = \"command\"\ncommand = [\"{}\"]\n\
@@ -260,7 +280,11 @@ fn provider_misconfiguration_gives_named_errors_and_the_daemon_keeps_serving() {
     env.start_daemon();
     let cases = [
         ("missing", "provider-error", vec![missing.to_str().unwrap().to_string(), "command[0]".into()]),
-        ("garbage", "provider-error", vec!["exited with status 3".into(), "disk on fire".into(), "this is not json".into()]),
+        (
+            "garbage",
+            "provider-error",
+            vec!["exited with status 3".into(), "disk on fire".into(), "this is not json".into()],
+        ),
         ("badhandle", "provider-error", vec!["invalid handle".into(), "colour".into()]),
         ("coded", "quota-exceeded", vec!["project lab is over its quota".into()]),
         ("slow", "provider-timeout", vec!["timeout_ms".into(), "killed".into()]),
@@ -319,7 +343,9 @@ fn daemon_restart_while_polling_keeps_the_run_going() {
     let gate = env.work.join("job-gate");
     let prompt = format!("while [ ! -e {} ]; do sleep 0.1; done; echo released", gate.display());
     env.submit(&request(Some(id), &env.work, vec![ext_step("remote", "engine", &prompt)]));
-    wait_until(LONG, "the job to run", || env.status(id).is_some_and(|s| s["steps"][0]["externalJob"]["state"] == "running"));
+    wait_until(LONG, "the job to run", || {
+        env.status(id).is_some_and(|s| s["steps"][0]["externalJob"]["state"] == "running")
+    });
     env.restart();
     let polls = eng.count("status");
     wait_until(LONG, "status polls by the new daemon", || eng.count("status") > polls + 2);
@@ -343,7 +369,10 @@ fn providers_command_lists_and_checks() {
     let text = stdout_str(&out);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(text.contains("engine") && text.contains(&format!("{} is executable", eng.exe.display())), "{text}");
-    assert!(text.contains("broken") && text.contains("FAILED") && text.contains("providers.broken.command[0]"), "{text}");
+    assert!(
+        text.contains("broken") && text.contains("FAILED") && text.contains("providers.broken.command[0]"),
+        "{text}"
+    );
     let out = env.cli(&["providers", "--config", env.config_path.to_str().unwrap(), "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("providers --json prints JSON");
@@ -384,7 +413,9 @@ fn sighup_reload_adds_a_provider() {
     unsafe {
         libc::kill(env.daemon_pid().unwrap() as i32, libc::SIGHUP);
     }
-    wait_until(LONG, "the reload", || fs::read_to_string(&env.log_path).unwrap_or_default().contains("configuration reloaded"));
+    wait_until(LONG, "the reload", || {
+        fs::read_to_string(&env.log_path).unwrap_or_default().contains("configuration reloaded")
+    });
     env.submit(&request(Some("reload-after"), &env.work, vec![ext_step("remote", "later", "echo via-later")]));
     assert_eq!(env.wait_terminal("reload-after")["state"], "complete");
     // An invalid file is refused and the running configuration stays.
@@ -392,7 +423,9 @@ fn sighup_reload_adds_a_provider() {
     unsafe {
         libc::kill(env.daemon_pid().unwrap() as i32, libc::SIGHUP);
     }
-    wait_until(LONG, "the refusal", || fs::read_to_string(&env.log_path).unwrap_or_default().contains("providers.x.type"));
+    wait_until(LONG, "the refusal", || {
+        fs::read_to_string(&env.log_path).unwrap_or_default().contains("providers.x.type")
+    });
     env.submit(&request(Some("reload-kept"), &env.work, vec![ext_step("remote", "later", "echo still")]));
     assert_eq!(env.wait_terminal("reload-kept")["state"], "complete");
 }
@@ -425,9 +458,24 @@ fn recorded_jobs_are_reattached_mismatches_and_redispatches_refused() {
     fs::write(job.join("rc"), "0\n").unwrap();
     let prompt = "echo manual-output";
     let digest = sha256_hex(prompt.as_bytes());
-    fabricate_queued(&env, "re-attach", prompt, json!({"provider": "engine", "providerJobId": "j.manual", "promptDigest": digest, "options": {}, "state": "running", "startedAt": 1, "updatedAt": 1}));
-    fabricate_queued(&env, "re-mismatch", prompt, json!({"provider": "engine", "providerJobId": "j.other", "promptDigest": sha256_hex(b"another prompt"), "options": {}, "state": "running", "startedAt": 1, "updatedAt": 1}));
-    fabricate_queued(&env, "re-blocked", prompt, json!({"provider": "engine", "promptDigest": digest, "options": {}, "state": "starting", "startRequestId": "start-0-abc", "startedAt": 1, "updatedAt": 1}));
+    fabricate_queued(
+        &env,
+        "re-attach",
+        prompt,
+        json!({"provider": "engine", "providerJobId": "j.manual", "promptDigest": digest, "options": {}, "state": "running", "startedAt": 1, "updatedAt": 1}),
+    );
+    fabricate_queued(
+        &env,
+        "re-mismatch",
+        prompt,
+        json!({"provider": "engine", "providerJobId": "j.other", "promptDigest": sha256_hex(b"another prompt"), "options": {}, "state": "running", "startedAt": 1, "updatedAt": 1}),
+    );
+    fabricate_queued(
+        &env,
+        "re-blocked",
+        prompt,
+        json!({"provider": "engine", "promptDigest": digest, "options": {}, "state": "starting", "startRequestId": "start-0-abc", "startedAt": 1, "updatedAt": 1}),
+    );
     env.start_daemon();
     let st = env.wait_terminal("re-attach");
     assert_eq!(st["state"], "complete", "{st:#}");

@@ -57,12 +57,16 @@ esac
 "#;
 
 fn jq_available() -> bool {
-    let found = || Command::new("sh").arg("-c").arg("command -v jq").output().map(|o| o.status.success()).unwrap_or(false);
+    let found =
+        || Command::new("sh").arg("-c").arg("command -v jq").output().map(|o| o.status.success()).unwrap_or(false);
     if found() {
         return true;
     }
     if is_root() {
-        let _ = Command::new("apt-get").args(["install", "-y", "-q", "jq"]).env("DEBIAN_FRONTEND", "noninteractive").output();
+        let _ = Command::new("apt-get")
+            .args(["install", "-y", "-q", "jq"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output();
     }
     found()
 }
@@ -109,7 +113,11 @@ fn example_k8s_provider_runs_a_job_through_kubectl() {
     let env = &k.env;
     let id = "k8s-run-1";
     let prompt = "echo \"hello from a pod\"; uname -a";
-    env.submit(&request(Some(id), &env.work, vec![k8s_step(prompt), sh_step("after", "cat \"$RUNSPOOL_PREVIOUS_OUTPUT\"")]));
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![k8s_step(prompt), sh_step("after", "cat \"$RUNSPOOL_PREVIOUS_OUTPUT\"")],
+    ));
     let st = env.wait_terminal(id);
     assert_eq!(st["state"], "complete", "{st:#}\n{}\n{:?}", env.output_log(id, 0), k.calls());
     let ej = &st["steps"][0]["externalJob"];
@@ -126,9 +134,15 @@ fn example_k8s_provider_runs_a_job_through_kubectl() {
     assert_eq!(c["command"], json!(["sh", "-c", prompt]));
     // The kubectl calls, in order.
     let calls = k.calls();
-    assert!(calls[0].starts_with("get | job | runspool-k8s-run-1-0 | --namespace | jobs | --output | name"), "{calls:?}");
+    assert!(
+        calls[0].starts_with("get | job | runspool-k8s-run-1-0 | --namespace | jobs | --output | name"),
+        "{calls:?}"
+    );
     assert_eq!(calls[1], "apply | --namespace | jobs | --filename | -", "{calls:?}");
-    assert!(calls.iter().any(|c| c == "get | job | runspool-k8s-run-1-0 | --namespace | jobs | --output | json"), "{calls:?}");
+    assert!(
+        calls.iter().any(|c| c == "get | job | runspool-k8s-run-1-0 | --namespace | jobs | --output | json"),
+        "{calls:?}"
+    );
     assert!(calls.iter().any(|c| c == "logs | job/runspool-k8s-run-1-0 | --namespace | jobs"), "{calls:?}");
     // The pod log is the step's result, seen by the next step.
     let text = fs::read_to_string(env.run_dir(id).join("external-job-0.result.md")).unwrap();
@@ -144,13 +158,18 @@ fn example_k8s_provider_reports_failures_and_deletes_on_stop() {
     let st = env.wait_terminal("k8s-fail");
     assert_eq!(st["state"], "failed");
     let err = st["steps"][0]["error"].as_str().unwrap();
-    assert!(err.contains("Kubernetes Job jobs/runspool-k8s-fail-0 failed: Job has reached the specified backoff limit"), "{err}");
+    assert!(
+        err.contains("Kubernetes Job jobs/runspool-k8s-fail-0 failed: Job has reached the specified backoff limit"),
+        "{err}"
+    );
     assert!(err.contains("k8s-backofflimitexceeded"), "{err}");
     // A held job keeps running until the run is stopped: cancel deletes it.
     fs::create_dir_all(k.dir.join("jobs/runspool-k8s-stop-0")).unwrap();
     fs::write(k.dir.join("jobs/runspool-k8s-stop-0/hold"), b"").unwrap();
     env.submit(&request(Some("k8s-stop"), &env.work, vec![k8s_step("sleep 600")]));
-    wait_until(LONG, "the job to run", || env.status("k8s-stop").is_some_and(|s| s["steps"][0]["externalJob"]["state"] == "running"));
+    wait_until(LONG, "the job to run", || {
+        env.status("k8s-stop").is_some_and(|s| s["steps"][0]["externalJob"]["state"] == "running")
+    });
     // The pre-existing Job of that name was adopted, not created again.
     assert_eq!(k.calls().iter().filter(|c| c.starts_with("apply")).count(), 1, "{:?}", k.calls());
     let out = env.cli(&["stop", "k8s-stop"]);

@@ -26,7 +26,11 @@ fn killed_runner_is_repaired() {
     env.start_daemon();
     let id = "victim";
     let pidf = env.work.join("victim-step.pid");
-    let mut req = request(Some(id), &env.work, vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 60")), sh_step("next", "true")]);
+    let mut req = request(
+        Some(id),
+        &env.work,
+        vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 60")), sh_step("next", "true")],
+    );
     req["sessionId"] = json!("rec-sess");
     req["toolCallId"] = json!("tool-1");
     env.submit(&req);
@@ -90,7 +94,13 @@ fn runner_killed_while_daemon_down_is_repaired_at_start() {
     env.start_daemon();
     let st = env.wait_terminal(id);
     assert_eq!(st["state"], "failed", "{st}");
-    assert!(st["error"].as_str().unwrap_or("").starts_with(&format!("runner process {runner} exited before recording a result")), "{st}");
+    assert!(
+        st["error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with(&format!("runner process {runner} exited before recording a result")),
+        "{st}"
+    );
     wait_until(LONG, "orphaned step killed", || !process_alive(step_pid));
     env.check_consistency();
 }
@@ -113,7 +123,8 @@ fn five_runs_survive(kill_with_term: bool) {
         env.wait_file(&env.work.join(format!("started-{i}")));
         env.wait_state(&format!("survive-{i}"), "running");
     }
-    let runners: Vec<i64> = (0..codes.len()).map(|i| env.status(&format!("survive-{i}")).unwrap()["pid"].as_i64().unwrap()).collect();
+    let runners: Vec<i64> =
+        (0..codes.len()).map(|i| env.status(&format!("survive-{i}")).unwrap()["pid"].as_i64().unwrap()).collect();
     fs::write(&gate, b"go").unwrap(); // every step is now mid-step (sleep 3)
     if kill_with_term {
         let st = env.term();
@@ -140,8 +151,14 @@ fn five_runs_survive(kill_with_term: bool) {
         let st = env.wait_terminal(&id);
         assert_eq!(st["exitCode"].as_i64(), Some(*k), "{id}: {st}");
         assert_eq!(st["state"], if *k == 0 { "complete" } else { "failed" }, "{id}: {st}");
-        assert!(st["error"].as_str().map(|e| !e.contains("exited before recording")).unwrap_or(true), "{id} repaired: {st}");
-        assert!(!env.event_types(&id).contains(&"subagent.run.repaired_stale".to_string()), "{id} must not be repaired");
+        assert!(
+            st["error"].as_str().map(|e| !e.contains("exited before recording")).unwrap_or(true),
+            "{id} repaired: {st}"
+        );
+        assert!(
+            !env.event_types(&id).contains(&"subagent.run.repaired_stale".to_string()),
+            "{id} must not be repaired"
+        );
         assert_eq!(st["pid"].as_i64(), Some(runners[i]), "{id}: the original runner finished it");
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -163,7 +180,11 @@ fn queued_runs_are_requeued_after_restart() {
     let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
     env.start_daemon();
     let gate = env.work.join("gate-q");
-    env.submit(&request(Some("q-block"), &env.work, vec![sh_step("b", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))]));
+    env.submit(&request(
+        Some("q-block"),
+        &env.work,
+        vec![sh_step("b", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))],
+    ));
     env.wait_state("q-block", "running");
     for i in 0..3 {
         env.submit(&request(Some(&format!("q-{i}")), &env.work, vec![sh_step("q", &format!("exit {}", i + 1))]));
@@ -312,7 +333,11 @@ fn stop_of_queued_run_written_while_daemon_down() {
     let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
     env.start_daemon();
     let gate = env.work.join("gate-sq");
-    env.submit(&request(Some("sq-block"), &env.work, vec![sh_step("b", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))]));
+    env.submit(&request(
+        Some("sq-block"),
+        &env.work,
+        vec![sh_step("b", &format!("while [ ! -e '{}' ]; do sleep 0.05; done", gate.display()))],
+    ));
     env.wait_state("sq-block", "running");
     env.submit(&request(Some("sq-victim"), &env.work, vec![sh_step("v", "touch ran-sq-victim")]));
     env.wait_state("sq-victim", "queued");
@@ -361,7 +386,9 @@ fn retention_removes_old_terminal_runs_but_keeps_paused() {
     assert!(env.run_dir("recent").join("status.json").exists(), "recent runs are kept");
     assert!(env.result_path("recent").exists());
     // The run directory is renamed to a tombstone first, then removed: wait for the second half.
-    wait_until(LONG, "tombstone dirs are removed", || !list_names(&env.runs()).iter().any(|n| n.starts_with(".deleting-run-")));
+    wait_until(LONG, "tombstone dirs are removed", || {
+        !list_names(&env.runs()).iter().any(|n| n.starts_with(".deleting-run-"))
+    });
 }
 
 #[test]
@@ -370,7 +397,8 @@ fn killed_runner_in_parallel_group_kills_all_members() {
     env.start_daemon();
     let id = "victim-par";
     let pids: Vec<_> = (0..3).map(|i| env.work.join(format!("vp-{i}.pid"))).collect();
-    let members = pids.iter().enumerate().map(|(i, p)| sh_step(&format!("m{i}"), &step_pid_script(p, "exec sleep 60"))).collect();
+    let members =
+        pids.iter().enumerate().map(|(i, p)| sh_step(&format!("m{i}"), &step_pid_script(p, "exec sleep 60"))).collect();
     env.submit(&request(Some(id), &env.work, vec![parallel(members, None)]));
     for p in &pids {
         env.wait_file(p);
@@ -381,7 +409,10 @@ fn killed_runner_in_parallel_group_kills_all_members() {
     }
     let st = env.wait_terminal(id);
     assert_eq!(st["state"], "failed", "{st}");
-    assert!(st["error"].as_str().unwrap_or("").starts_with(&format!("runner process {runner} exited before recording a result")));
+    assert!(st["error"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with(&format!("runner process {runner} exited before recording a result")));
     for p in &pids {
         let pid = read_pid(p);
         wait_until(LONG, "every member's process group killed", || !process_alive(pid) && !process_group_alive(pid));

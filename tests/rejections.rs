@@ -18,7 +18,11 @@ use std::time::Duration;
 fn expect_rejected(env: &TestEnv, name: &str, code: &str, original: Option<&[u8]>, t0: i64) -> Value {
     let e = env.wait_rejection(name);
     let keys: BTreeSet<&str> = e.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-    assert_eq!(keys, ["code", "file", "message", "rejectedAt", "version"].into_iter().collect(), "{name}: error.json keys: {e}");
+    assert_eq!(
+        keys,
+        ["code", "file", "message", "rejectedAt", "version"].into_iter().collect(),
+        "{name}: error.json keys: {e}"
+    );
     assert_eq!(e["version"], 1, "{name}: {e}");
     assert_eq!(e["file"].as_str(), Some(format!("{name}.json").as_str()), "{name}: {e}");
     assert_eq!(e["code"].as_str(), Some(code), "{name}: wrong code: {e}");
@@ -180,10 +184,7 @@ fn invalid_json_old_and_unsupported_version() {
     v0.as_object_mut().unwrap().remove("version");
     let b = env.drop_request("version-missing", &v0);
     let e = env.wait_rejection("version-missing");
-    assert!(
-        e["code"] == "unsupported-version" || e["code"] == "invalid-field",
-        "missing version is refused: {e}"
-    );
+    assert!(e["code"] == "unsupported-version" || e["code"] == "invalid-field", "missing version is refused: {e}");
     assert_eq!(file_bytes(&env.rejected().join("version-missing.json")), b);
     env.check_consistency();
 }
@@ -234,12 +235,20 @@ fn invalid_fields_each_limit_by_one() {
 
     add(
         "inv-conc-65",
-        request(Some("inv-conc-65"), &w, vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(65))]),
+        request(
+            Some("inv-conc-65"),
+            &w,
+            vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(65))],
+        ),
         vec!["concurrency"],
     );
     add(
         "inv-conc-0",
-        request(Some("inv-conc-0"), &w, vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(0))]),
+        request(
+            Some("inv-conc-0"),
+            &w,
+            vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(0))],
+        ),
         vec!["concurrency"],
     );
 
@@ -321,7 +330,10 @@ fn invalid_fields_each_limit_by_one() {
     for (name, b, tokens) in &written {
         let e = expect_rejected(&env, name, "invalid-field", Some(b), t0);
         let msg = e["message"].as_str().unwrap().to_lowercase();
-        assert!(tokens.iter().any(|t| msg.contains(t)), "{name}: message {msg:?} should name the field (one of {tokens:?})");
+        assert!(
+            tokens.iter().any(|t| msg.contains(t)),
+            "{name}: message {msg:?} should name the field (one of {tokens:?})"
+        );
         if name != "inv-runid" && name != "inv-runid-long" {
             expect_rejected_run(&env, name, "invalid-field");
         }
@@ -364,7 +376,11 @@ fn limits_at_the_boundary_are_accepted() {
     r["priority"] = json!(-1000);
     env.submit(&r);
 
-    let mut r = request(Some("ok-conc-1"), &w, vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(1))]);
+    let mut r = request(
+        Some("ok-conc-1"),
+        &w,
+        vec![parallel(vec![cmd_step("a", &["true"]), cmd_step("b", &["true"])], Some(1))],
+    );
     r["steps"][0]["parallel"][0]["timeoutMs"] = json!(1);
     r["steps"][0]["parallel"][1]["timeoutMs"] = json!(604800000u64);
     r["steps"][0]["parallel"][1]["cwd"] = json!("/");
@@ -421,7 +437,9 @@ fn cwd_missing_and_unknown_provider() {
     let r = request(
         Some("no-provider"),
         &env.work,
-        vec![json!({"agent": "x", "externalJob": {"provider": "nope", "prompt": "#!/bin/sh\necho hi\n", "options": {}}})],
+        vec![
+            json!({"agent": "x", "externalJob": {"provider": "nope", "prompt": "#!/bin/sh\necho hi\n", "options": {}}}),
+        ],
     );
     let b4 = env.drop_request("no-provider", &r);
 
@@ -466,7 +484,9 @@ fn rejected_name_collision_gets_suffix() {
 fn fresh_partial_json_is_not_rejected_early() {
     let mut env = TestEnv::new();
     env.start_daemon();
-    let body = serde_json::to_vec_pretty(&request(Some("written-in-place"), &env.work, vec![sh_step("a", "echo in-place")])).unwrap();
+    let body =
+        serde_json::to_vec_pretty(&request(Some("written-in-place"), &env.work, vec![sh_step("a", "echo in-place")]))
+            .unwrap();
     let (head, tail) = body.split_at(body.len() / 2);
     let p = env.spool().join("written-in-place.json");
     let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&p).unwrap();
@@ -493,7 +513,8 @@ fn flock_ex(f: &std::fs::File) {
 fn flocked_request_is_not_claimed_until_released() {
     let mut env = TestEnv::new();
     env.start_daemon();
-    let body = serde_json::to_vec_pretty(&request(Some("under-lock"), &env.work, vec![sh_step("a", "echo locked")])).unwrap();
+    let body =
+        serde_json::to_vec_pretty(&request(Some("under-lock"), &env.work, vec![sh_step("a", "echo locked")])).unwrap();
     let (head, tail) = body.split_at(body.len() / 3);
     let p = env.spool().join("under-lock.json");
     let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&p).unwrap();

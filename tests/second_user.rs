@@ -103,7 +103,8 @@ impl UserEnv {
     }
 
     fn body(&self, id: &str) -> Vec<u8> {
-        let req = request(Some(id), &self.env.work, vec![sh_step("a", &format!("touch {}/{id}", self.canary().display()))]);
+        let req =
+            request(Some(id), &self.env.work, vec![sh_step("a", &format!("touch {}/{id}", self.canary().display()))]);
         serde_json::to_vec(&req).unwrap()
     }
 
@@ -182,7 +183,10 @@ fn files_planted_by_other_users_never_run() {
     ] {
         let e = u.expect(name, code);
         if code == "bad-owner" {
-            assert!(e["message"].as_str().unwrap().contains(&u.uid.to_string()), "{name}: message names the daemon's uid: {e}");
+            assert!(
+                e["message"].as_str().unwrap().contains(&u.uid.to_string()),
+                "{name}: message names the daemon's uid: {e}"
+            );
         }
     }
 
@@ -199,7 +203,13 @@ fn files_planted_by_other_users_never_run() {
     fs::set_permissions(&spool, fs::Permissions::from_mode(0o777)).unwrap();
     let body = String::from_utf8(u.body("nobody-dropped")).unwrap().replace('\'', "");
     assert!(
-        sh_as(NOBODY, &format!("umask 077; printf '%s' '{body}' > {s}/.nobody-tmp && mv {s}/.nobody-tmp {s}/nobody-dropped.json", s = spool.display())),
+        sh_as(
+            NOBODY,
+            &format!(
+                "umask 077; printf '%s' '{body}' > {s}/.nobody-tmp && mv {s}/.nobody-tmp {s}/nobody-dropped.json",
+                s = spool.display()
+            )
+        ),
         "nobody could write into the world-writable spool"
     );
     u.expect("nobody-dropped", "bad-owner");

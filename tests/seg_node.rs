@@ -70,8 +70,8 @@ impl Rng {
 }
 
 const SEPARATORS: &[char] = &[
-    '/', '\\', '%', '.', ' ', '+', '=', '?', '#', '&', ':', ';', '@', ',', '"', '<', '>', '|', '*',
-    '~', '!', '\'', '(', ')', '-', '_', '\t', '\n', '\0',
+    '/', '\\', '%', '.', ' ', '+', '=', '?', '#', '&', ':', ';', '@', ',', '"', '<', '>', '|', '*', '~', '!', '\'',
+    '(', ')', '-', '_', '\t', '\n', '\0',
 ];
 
 const MULTIBYTE: &[char] = &[
@@ -186,36 +186,18 @@ fn random_mixed_char(rng: &mut Rng) -> char {
 }
 
 fn random_case(rng: &mut Rng, s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if rng.chance(1, 2) {
-                c.to_ascii_uppercase()
-            } else {
-                c
-            }
-        })
-        .collect()
+    s.chars().map(|c| if rng.chance(1, 2) { c.to_ascii_uppercase() } else { c }).collect()
 }
 
 fn gen_string(rng: &mut Rng) -> String {
     match rng.below(10) {
         // Short printable ASCII.
-        0 => (0..rng.range(0, 20))
-            .map(|_| random_ascii_char(rng))
-            .collect(),
+        0 => (0..rng.range(0, 20)).map(|_| random_ascii_char(rng)).collect(),
         // Identifier-like with separators.
-        1 | 2 => (0..rng.range(1, 30))
-            .map(|_| random_mixed_char(rng))
-            .collect(),
+        1 | 2 => (0..rng.range(1, 30)).map(|_| random_mixed_char(rng)).collect(),
         // Multibyte-heavy.
         3 => (0..rng.range(1, 25))
-            .map(|_| {
-                if rng.chance(2, 3) {
-                    random_multibyte_char(rng)
-                } else {
-                    random_mixed_char(rng)
-                }
-            })
+            .map(|_| if rng.chance(2, 3) { random_multibyte_char(rng) } else { random_mixed_char(rng) })
             .collect(),
         // Reserved names, random case, with suffixes.
         4 => {
@@ -381,8 +363,7 @@ fn seg_matches_node() {
     let output_path = dir.path().join("output.json");
     {
         let mut f = std::fs::File::create(&input_path).expect("create input");
-        f.write_all(serde_json::to_string(&inputs).unwrap().as_bytes())
-            .expect("write input");
+        f.write_all(serde_json::to_string(&inputs).unwrap().as_bytes()).expect("write input");
     }
 
     let out = Command::new("node")
@@ -402,11 +383,7 @@ fn seg_matches_node() {
 
     let text = std::fs::read_to_string(&output_path).expect("read node output");
     let expected: Vec<(String, String)> = serde_json::from_str(&text).expect("parse node output");
-    assert_eq!(
-        expected.len(),
-        inputs.len(),
-        "node returned a different count"
-    );
+    assert_eq!(expected.len(), inputs.len(), "node returned a different count");
 
     let mut mismatches = Vec::new();
     let (mut hashed, mut plain) = (0usize, 0usize);
@@ -419,27 +396,17 @@ fn seg_matches_node() {
             plain += 1;
         }
         if &rs255 != js255 {
-            mismatches.push(format!(
-                "#{i} seg (max 255) of {v:?}:\n    rust: {rs255}\n    node: {js255}"
-            ));
+            mismatches.push(format!("#{i} seg (max 255) of {v:?}:\n    rust: {rs255}\n    node: {js255}"));
         }
         if &rs250 != js250 {
-            mismatches.push(format!(
-                "#{i} seg250 (max 250) of {v:?}:\n    rust: {rs250}\n    node: {js250}"
-            ));
+            mismatches.push(format!("#{i} seg250 (max 250) of {v:?}:\n    rust: {rs250}\n    node: {js250}"));
         }
     }
 
-    eprintln!(
-        "seg_node: {} inputs compared ({plain} plain, {hashed} hashed at max 255)",
-        inputs.len()
-    );
+    eprintln!("seg_node: {} inputs compared ({plain} plain, {hashed} hashed at max 255)", inputs.len());
     // Both outcomes must be well represented for the comparison to mean much.
     assert!(plain > inputs.len() / 10, "too few plain results: {plain}");
-    assert!(
-        hashed > inputs.len() / 10,
-        "too few hashed results: {hashed}"
-    );
+    assert!(hashed > inputs.len() / 10, "too few hashed results: {hashed}");
 
     if !mismatches.is_empty() {
         let shown: Vec<&str> = mismatches.iter().take(20).map(|s| s.as_str()).collect();

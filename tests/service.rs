@@ -77,7 +77,11 @@ fn install_writes_the_unit_and_enables_it() {
         let check = t.join("runspool.service");
         fs::write(&check, &unit).unwrap();
         let v = Command::new("systemd-analyze").arg("verify").arg(&check).output().unwrap();
-        assert!(v.status.success() && v.stderr.is_empty(), "systemd-analyze verify: {}", String::from_utf8_lossy(&v.stderr));
+        assert!(
+            v.status.success() && v.stderr.is_empty(),
+            "systemd-analyze verify: {}",
+            String::from_utf8_lossy(&v.stderr)
+        );
     } else {
         eprintln!("skipped: systemd-analyze is not installed; the unit was not verified");
     }
@@ -118,7 +122,9 @@ fn shipped_unit_and_plist_are_well_formed() {
     }
     match Command::new("xmllint").arg("--noout").arg(&plist).output() {
         Ok(o) => assert!(o.status.success() && o.stderr.is_empty(), "xmllint: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(_) => eprintln!("SKIP xmllint check: xmllint is not installed and we are not root to install it (libxml2-utils)"),
+        Err(_) => {
+            eprintln!("SKIP xmllint check: xmllint is not installed and we are not root to install it (libxml2-utils)")
+        }
     }
 }
 

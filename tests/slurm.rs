@@ -25,13 +25,20 @@ extern "C" fn cluster_down() {
 /// SLURM_CONF of the shared cluster, or None (with a message) when the tests must skip.
 fn cluster() -> Option<String> {
     if !is_root() {
-        eprintln!("SKIPPED: the Slurm tests start a single-node cluster with scripts/slurm-dev-cluster.sh, which needs root");
+        eprintln!(
+            "SKIPPED: the Slurm tests start a single-node cluster with scripts/slurm-dev-cluster.sh, which needs root"
+        );
         return None;
     }
     static CONF: OnceLock<String> = OnceLock::new();
     Some(
         CONF.get_or_init(|| {
-            let out = Command::new("bash").arg(script()).arg("up").arg(CLUSTER_DIR).output().expect("run slurm-dev-cluster.sh");
+            let out = Command::new("bash")
+                .arg(script())
+                .arg("up")
+                .arg(CLUSTER_DIR)
+                .output()
+                .expect("run slurm-dev-cluster.sh");
             assert!(out.status.success(), "slurm-dev-cluster.sh up failed:\n{}", describe(&out));
             if stdout_str(&out).contains("started") {
                 unsafe {
@@ -86,7 +93,10 @@ fn chain_with_a_slurm_middle_step_completes() {
         &env.work,
         vec![
             sh_step("prepare", "echo prepared"),
-            slurm_step("#!/bin/sh\necho slurm-job-output-$SLURM_JOB_ID\necho in=$(pwd)\n", json!({"partition": "debug", "cpus": 1, "timeLimit": "00:05:00"})),
+            slurm_step(
+                "#!/bin/sh\necho slurm-job-output-$SLURM_JOB_ID\necho in=$(pwd)\n",
+                json!({"partition": "debug", "cpus": 1, "timeLimit": "00:05:00"}),
+            ),
             sh_step("consume", "echo previous=$RUNSPOOL_PREVIOUS_OUTPUT; cat \"$RUNSPOOL_PREVIOUS_OUTPUT\""),
         ],
     );
@@ -144,7 +154,9 @@ fn stopping_a_run_cancels_its_running_slurm_job() {
     assert_eq!(st["state"], "stopped", "{st:#}");
     assert_eq!(st["steps"][0]["status"], "stopped");
     let name = format!("runspool-{id}-0");
-    wait_until(LONG, "the job to end CANCELLED", || jobs_named(&conf, &name) == vec![(job.clone(), "CANCELLED".to_string())]);
+    wait_until(LONG, "the job to end CANCELLED", || {
+        jobs_named(&conf, &name) == vec![(job.clone(), "CANCELLED".to_string())]
+    });
     env.check_consistency();
 }
 
@@ -169,7 +181,8 @@ fn unknown_slurm_option_is_refused_without_submitting() {
 fn sbatch_wrapper(env: &TestEnv, then: &str) -> PathBuf {
     let dir = env.base().join("wrap");
     fs::create_dir_all(&dir).unwrap();
-    let real = String::from_utf8(Command::new("sh").arg("-c").arg("command -v sbatch").output().unwrap().stdout).unwrap();
+    let real =
+        String::from_utf8(Command::new("sh").arg("-c").arg("command -v sbatch").output().unwrap().stdout).unwrap();
     let body = format!(
         "#!/bin/sh\nout=$({} \"$@\") || {{ rc=$?; echo \"$out\"; exit $rc; }}\necho \"$out\" > {}/submitted\n{then}\necho \"$out\"\n",
         real.trim(),
@@ -197,7 +210,10 @@ fn daemon_killed_after_sbatch_adopts_the_job_after_restart() {
     env.submit(&request(Some(&id), &env.work, vec![slurm_step("#!/bin/sh\necho adopted-job-ran\n", json!({}))]));
     env.wait_daemon_exit();
     assert!(wrap.join("submitted").exists(), "sbatch ran before the daemon died");
-    let claims: Vec<String> = list_names(&env.run_dir(&id).join("external-job-requests")).into_iter().filter(|n| n.ends_with(".claim")).collect();
+    let claims: Vec<String> = list_names(&env.run_dir(&id).join("external-job-requests"))
+        .into_iter()
+        .filter(|n| n.ends_with(".claim"))
+        .collect();
     assert_eq!(claims.len(), 1);
     let claim = env.run_dir(&id).join("external-job-requests").join(&claims[0]);
     assert!(!claim.join("handle.json").exists(), "the handle must not have been saved");

@@ -52,7 +52,11 @@ impl Drop for Mount {
 }
 
 fn mount_tmpfs(at: &Path, opts: &str) -> Mount {
-    let st = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("{opts},mode=0700"), "tmpfs"]).arg(at).status().unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("{opts},mode=0700"), "tmpfs"])
+        .arg(at)
+        .status()
+        .unwrap();
     assert!(st.success(), "mount tmpfs on {}", at.display());
     Mount { at: at.to_path_buf(), extra: vec![] }
 }
@@ -121,13 +125,23 @@ fn stage_requests(env: &TestEnv, stage: &Path, prefix: &str, n: usize) -> Vec<(S
         let (req, want) = match i % 5 {
             0 => (request(Some(&name), &env.work, vec![sh_step("a", "exit 0")]), Want::Run("complete", 0)),
             1 => (request(Some(&name), &env.work, vec![sh_step("a", "exit 3")]), Want::Run("failed", 3)),
-            2 => (request(Some(&name), &env.work, vec![sh_step("a", "true"), sh_step("b", "exit 0")]), Want::Run("complete", 0)),
+            2 => (
+                request(Some(&name), &env.work, vec![sh_step("a", "true"), sh_step("b", "exit 0")]),
+                Want::Run("complete", 0),
+            ),
             3 => {
                 let mut r = request(None, &env.work, vec![sh_step("a", "true")]);
                 r["bogusField"] = json!(1);
                 (r, Want::Reject("invalid-field"))
             }
-            _ => (request(Some(&name), &env.work, vec![parallel(vec![sh_step("p", "true"), sh_step("q", "exit 0")], None)]), Want::Run("complete", 0)),
+            _ => (
+                request(
+                    Some(&name),
+                    &env.work,
+                    vec![parallel(vec![sh_step("p", "true"), sh_step("q", "exit 0")], None)],
+                ),
+                Want::Run("complete", 0),
+            ),
         };
         let p = stage.join(format!("{name}.json"));
         fs::write(&p, serde_json::to_vec(&req).unwrap()).unwrap();
@@ -193,14 +207,18 @@ fn outcome_problems(env: &TestEnv, wanted: &[(String, Want)]) -> Vec<String> {
                 let st = env.status(name);
                 match st {
                     Some(s) if s["state"] == *state && s["exitCode"] == *code => {}
-                    other => problems.push(format!("{name}: want {state}/{code}, got {:?}", other.map(|s| (s["state"].clone(), s["exitCode"].clone())))),
+                    other => problems.push(format!(
+                        "{name}: want {state}/{code}, got {:?}",
+                        other.map(|s| (s["state"].clone(), s["exitCode"].clone()))
+                    )),
                 }
                 if rejected.iter().any(|r| r.starts_with(name.as_str())) {
                     problems.push(format!("{name} is also in rejected/"));
                 }
             }
             Want::Reject(code) => {
-                let entries: Vec<&String> = rejected.iter().filter(|r| r.starts_with(name.as_str()) && !r.ends_with(".error.json")).collect();
+                let entries: Vec<&String> =
+                    rejected.iter().filter(|r| r.starts_with(name.as_str()) && !r.ends_with(".error.json")).collect();
                 if entries.len() != 1 {
                     problems.push(format!("{name}: {} rejected entries", entries.len()));
                 }
@@ -235,14 +253,31 @@ fn settle(env: &TestEnv, wanted: &[(String, Want)], timeout: Duration) {
             })
     });
     if !ok {
-        let missing: Vec<_> = wanted.iter().filter(|(n, _)| env.state(n).is_none_or(|s| !is_terminal_state(&s))).take(10).map(|(n, _)| (n.clone(), env.state(n))).collect();
-        panic!("did not settle: spool {:?} active {:?} missing {:?}\n{}", env.pending_spool().iter().take(10).collect::<Vec<_>>(), env.active_markers().iter().take(10).collect::<Vec<_>>(), missing, env.log_tail(300));
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|(n, _)| env.state(n).is_none_or(|s| !is_terminal_state(&s)))
+            .take(10)
+            .map(|(n, _)| (n.clone(), env.state(n)))
+            .collect();
+        panic!(
+            "did not settle: spool {:?} active {:?} missing {:?}\n{}",
+            env.pending_spool().iter().take(10).collect::<Vec<_>>(),
+            env.active_markers().iter().take(10).collect::<Vec<_>>(),
+            missing,
+            env.log_tail(300)
+        );
     }
 }
 
 /// The common full-disk scenario: requests published while the filesystem
 /// is full; space comes back a chunk at a time; nothing is lost.
-fn full_disk_scenario(env: &mut TestEnv, filler_dir: &Path, fill_fn: &dyn Fn(&Path) -> Vec<PathBuf>, n: usize, publish_first: bool) {
+fn full_disk_scenario(
+    env: &mut TestEnv,
+    filler_dir: &Path,
+    fill_fn: &dyn Fn(&Path) -> Vec<PathBuf>,
+    n: usize,
+    publish_first: bool,
+) {
     env.start_daemon();
     let (seen, stop) = watch_storage(env);
     let stage = env.root.join("stage");
@@ -284,7 +319,11 @@ fn full_disk_scenario(env: &mut TestEnv, filler_dir: &Path, fill_fn: &dyn Fn(&Pa
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let seen = seen.lock().unwrap().clone();
     eprintln!("daemon.json storage states seen: {seen:?}");
-    assert!(seen.iter().any(|s| s == "degraded"), "daemon.json never reported degraded: {seen:?}\n{}", env.log_tail(60));
+    assert!(
+        seen.iter().any(|s| s == "degraded"),
+        "daemon.json never reported degraded: {seen:?}\n{}",
+        env.log_tail(60)
+    );
     let _ = fs::remove_dir_all(&stage);
     check_outcomes(env, &wanted);
     assert!(env.term().success());
@@ -401,7 +440,7 @@ fn runner_terminal_write_waits_out_a_full_disk_for_minutes() {
     let pid = runner_pid(&env, &id);
     let filler = fill(&env.root.join("filler"), 64 * 1024);
     fs::write(&flag, b"").unwrap(); // the flag lives outside the full filesystem
-    // The step ends now, and the terminal write meets a full disk. Hold it for over a minute.
+                                    // The step ends now, and the terminal write meets a full disk. Hold it for over a minute.
     let held = Instant::now();
     while held.elapsed() < Duration::from_secs(65) {
         assert!(process_alive(pid), "the runner exited with its terminal write still pending");
@@ -436,7 +475,14 @@ fn runner_under_a_file_descriptor_limit_still_records_its_end() {
     // Drop the runner's open-file limit below what it has open: every new open fails with EMFILE.
     // Only the soft limit: raising a hard limit again needs CAP_SYS_RESOURCE.
     let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let soft: String = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().split_whitespace().nth(3).unwrap().to_string();
+    let soft: String = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_string();
     let out = sh(&format!("prlimit --pid {pid} --nofile=3:"));
     assert!(out.status.success(), "prlimit: {}", String::from_utf8_lossy(&out.stderr));
     fs::write(&flag, b"").unwrap();

@@ -127,7 +127,9 @@ impl Session {
             .expect("run scripts/systemd-user-manager.sh");
         let out = stdout_str(&o);
         if o.status.code() == Some(77) {
-            return Start::Skip(out.lines().find_map(|l| l.strip_prefix("SKIP: ")).unwrap_or("the script said so").to_string());
+            return Start::Skip(
+                out.lines().find_map(|l| l.strip_prefix("SKIP: ")).unwrap_or("the script said so").to_string(),
+            );
         }
         assert!(o.status.success(), "scripts/systemd-user-manager.sh start failed:\n{}", describe(&o));
         let kv: HashMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
@@ -313,7 +315,9 @@ fn systemd_user_service() {
         return;
     }
     if !is_root() {
-        report("systemd_user_service: SKIP: needs root (to create the test user, its runtime dir and a delegated cgroup)");
+        report(
+            "systemd_user_service: SKIP: needs root (to create the test user, its runtime dir and a delegated cgroup)",
+        );
         return;
     }
     let mut s = Session::new();
@@ -331,13 +335,24 @@ fn systemd_user_service() {
     let o = s.ok("runspool service install", &bin, &["--root", &root, "service", "install"]);
     let unit = fs::read_to_string(&unit_path).unwrap();
     assert!(unit.lines().any(|l| l == format!("ExecStart={bin} daemon --root {root}")), "{unit}");
-    assert!(s.home.join(".config/systemd/user/default.target.wants/runspool.service").exists(), "not enabled:\n{}", describe(&o));
+    assert!(
+        s.home.join(".config/systemd/user/default.target.wants/runspool.service").exists(),
+        "not enabled:\n{}",
+        describe(&o)
+    );
     s.ok("systemctl --user is-enabled runspool", "systemctl", &["--user", "is-enabled", "runspool"]);
 
     // ---- systemd's own checker, inside the user's session: nothing on stderr.
     for target in [unit_path.display().to_string(), "runspool.service".to_string()] {
-        let o = s.run(&format!("systemd-analyze --user verify {target}"), s.as_user("systemd-analyze", &["--user", "verify", &target]));
-        assert!(o.status.success() && o.stderr.is_empty() && o.stdout.is_empty(), "systemd-analyze --user verify {target}:\n{}", describe(&o));
+        let o = s.run(
+            &format!("systemd-analyze --user verify {target}"),
+            s.as_user("systemd-analyze", &["--user", "verify", &target]),
+        );
+        assert!(
+            o.status.success() && o.stderr.is_empty() && o.stdout.is_empty(),
+            "systemd-analyze --user verify {target}:\n{}",
+            describe(&o)
+        );
     }
 
     // ---- start returns only after READY=1: active/running with the STATUS text at once.
@@ -345,9 +360,17 @@ fn systemd_user_service() {
     let st = s.show("ActiveState,SubState,StatusText,MainPID,Type,NotifyAccess");
     assert_eq!((st["ActiveState"].as_str(), st["SubState"].as_str()), ("active", "running"), "{st:?}");
     assert!(st["StatusText"].starts_with("watching "), "no STATUS= text right after start: {st:?}");
-    s.ok("systemctl --user show -p ActiveState,SubState,StatusText runspool", "systemctl", &["--user", "show", "-p", "ActiveState,SubState,StatusText", "runspool"]);
+    s.ok(
+        "systemctl --user show -p ActiveState,SubState,StatusText runspool",
+        "systemctl",
+        &["--user", "show", "-p", "ActiveState,SubState,StatusText", "runspool"],
+    );
     let o = s.ok("systemctl --user status runspool", "systemctl", &["--user", "status", "--no-pager", "runspool"]);
-    assert!(stdout_str(&o).contains(&format!("Status: \"{}", st["StatusText"].split(';').next().unwrap())), "{}", describe(&o));
+    assert!(
+        stdout_str(&o).contains(&format!("Status: \"{}", st["StatusText"].split(';').next().unwrap())),
+        "{}",
+        describe(&o)
+    );
     let o = s.ok("runspool service status", &bin, &["service", "status"]);
     assert!(stdout_str(&o).contains("Status: \"watching "), "{}", describe(&o));
     let o = s.ok("runspool service status --json", &bin, &["service", "status", "--json"]);
@@ -386,7 +409,10 @@ fn systemd_user_service() {
     // Steps get no notify socket, and nothing of the unit's sandboxing:
     // a run does the same under the service as from a shell.
     assert!(out.contains("NOTIFY_SOCKET=unset"), "{out}");
-    assert!(out.contains("NoNewPrivs:\t0") && out.contains("Seccomp:\t0"), "the unit's sandboxing leaks into steps:\n{out}");
+    assert!(
+        out.contains("NoNewPrivs:\t0") && out.contains("Seccomp:\t0"),
+        "the unit's sandboxing leaks into steps:\n{out}"
+    );
 
     // ---- kill -9: Restart=on-failure brings a new daemon.
     let before = s.show("NRestarts")["NRestarts"].parse::<u32>().unwrap();
@@ -411,7 +437,11 @@ fn systemd_user_service() {
     let fourth: i64 = st["MainPID"].parse().unwrap();
     let env = proc_env(fourth);
     assert!(env.iter().any(|v| v == &format!("WATCHDOG_USEC={}", WATCHDOG_S * 1_000_000)), "{env:?}");
-    s.ok("systemctl --user show -p WatchdogUSec,WatchdogTimestampMonotonic runspool", "systemctl", &["--user", "show", "-p", "WatchdogUSec,WatchdogTimestampMonotonic", "runspool"]);
+    s.ok(
+        "systemctl --user show -p WatchdogUSec,WatchdogTimestampMonotonic runspool",
+        "systemctl",
+        &["--user", "show", "-p", "WatchdogUSec,WatchdogTimestampMonotonic", "runspool"],
+    );
     // Watch the pings for three watchdog periods: the daemon stays, and its
     // pings come about every WatchdogSec/2 (never much faster).
     let mut pings: Vec<u64> = vec![];
@@ -459,7 +489,10 @@ fn systemd_user_service() {
 
     // ---- logs, whatever this host's journal has.
     s.run("runspool service logs", s.as_user(&bin, &["service", "logs"]));
-    s.run("journalctl --user -u runspool --no-pager -n 20", s.as_user("journalctl", &["--user", "-u", "runspool", "--no-pager", "-n", "20"]));
+    s.run(
+        "journalctl --user -u runspool --no-pager -n 20",
+        s.as_user("journalctl", &["--user", "-u", "runspool", "--no-pager", "-n", "20"]),
+    );
 
     // ---- logout without lingering: the manager exits and user@.service kills
     // what is left in its cgroup, runners included. The next session starts
@@ -483,7 +516,10 @@ fn systemd_user_service() {
     assert_eq!(failed["state"], "failed", "{failed}");
     let err = failed["error"].as_str().unwrap_or("");
     assert!(err.contains("exited before recording a result"), "{failed}");
-    s.run(&format!("runspool --root {root} status interrupted"), s.as_user(&bin, &["--root", &root, "status", "interrupted"]));
+    s.run(
+        &format!("runspool --root {root} status interrupted"),
+        s.as_user(&bin, &["--root", &root, "status", "interrupted"]),
+    );
 
     // ---- uninstall: disabled, stopped, unit gone.
     let daemon: i64 = st["MainPID"].parse().unwrap();

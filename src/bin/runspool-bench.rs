@@ -36,7 +36,10 @@ use serde_json::{json, Value};
 use runspool::store::fsutil;
 
 #[derive(Parser, Debug, Clone)]
-#[command(name = "runspool-bench", about = "Benchmark runspool against a minimal reference pipeline (see docs/performance.md)")]
+#[command(
+    name = "runspool-bench",
+    about = "Benchmark runspool against a minimal reference pipeline (see docs/performance.md)"
+)]
 struct Args {
     /// The runspool binary (default: `runspool` next to this binary)
     #[arg(long, value_name = "PATH")]
@@ -150,7 +153,13 @@ struct Stats {
 fn stats(mut v: Vec<f64>) -> Stats {
     v.retain(|x| x.is_finite());
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Stats { p50: pct(&v, 0.5), p90: pct(&v, 0.9), p99: pct(&v, 0.99), max: v.last().copied().unwrap_or(f64::NAN), n: v.len() }
+    Stats {
+        p50: pct(&v, 0.5),
+        p90: pct(&v, 0.9),
+        p99: pct(&v, 0.99),
+        max: v.last().copied().unwrap_or(f64::NAN),
+        n: v.len(),
+    }
 }
 
 fn stats_json(s: &Stats) -> Value {
@@ -158,8 +167,10 @@ fn stats_json(s: &Stats) -> Value {
 }
 
 fn request_body(id: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({"version": 1, "runId": id, "cwd": "/", "steps": [{"agent": "bench", "command": ["/bin/true"]}]}))
-        .unwrap()
+    serde_json::to_vec(
+        &json!({"version": 1, "runId": id, "cwd": "/", "steps": [{"agent": "bench", "command": ["/bin/true"]}]}),
+    )
+    .unwrap()
 }
 
 /// Publish a request the PROTOCOL way (dot temp, then rename) and return the drop instant.
@@ -284,7 +295,9 @@ impl Env {
             .spawn()?;
         let mut d = Daemon { child };
         let dj = root.join("runspool/daemon.json");
-        wait_for("runspool daemon.json", Duration::from_secs(300), || dj.exists() || matches!(d.child.try_wait(), Ok(Some(_))))?;
+        wait_for("runspool daemon.json", Duration::from_secs(300), || {
+            dj.exists() || matches!(d.child.try_wait(), Ok(Some(_)))
+        })?;
         if let Ok(Some(st)) = d.child.try_wait() {
             anyhow::bail!("the runspool daemon exited ({st}); see {}", root.with_extension("daemon.log").display());
         }
@@ -385,7 +398,12 @@ fn ref_daemon(root: &Path, max_running: usize) -> i32 {
         while running < max_running {
             let Some(dir) = queue.pop_front() else { break };
             let mut cmd = Command::new(&me);
-            cmd.arg("__ref-runner").arg(&dir).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
+            cmd.arg("__ref-runner")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0);
             match cmd.spawn() {
                 Ok(mut child) => {
                     running += 1;
@@ -425,7 +443,11 @@ fn ref_scan(spool: &Path, runs: &Path, queue: &mut VecDeque<PathBuf>) {
 
 fn ref_claim(spool: &Path, runs: &Path, name: &str) -> Option<PathBuf> {
     let path = spool.join(name);
-    let mut f = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path).ok()?;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .ok()?;
     if !fsutil::flock(&f, true).ok()? {
         return None;
     }
@@ -448,15 +470,20 @@ fn ref_runner(dir: &Path) -> i32 {
     let Ok(raw) = fs::read(dir.join("request.json")) else { return 1 };
     let Ok(req) = serde_json::from_slice::<Value>(&raw) else { return 1 };
     let id = req["runId"].as_str().unwrap_or("?").to_string();
-    let argv: Vec<String> =
-        req["steps"][0]["command"].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+    let argv: Vec<String> = req["steps"][0]["command"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default();
     let status = |state: &str, code: Option<i32>| {
-        serde_json::to_vec_pretty(&json!({"runId": id, "state": state, "pid": std::process::id(), "exitCode": code})).unwrap()
+        serde_json::to_vec_pretty(&json!({"runId": id, "state": state, "pid": std::process::id(), "exitCode": code}))
+            .unwrap()
     };
     if fsutil::write_atomic(&dir.join("status.json"), &status("running", None), false).is_err() {
         return 1;
     }
-    let Ok(out) = OpenOptions::new().append(true).create(true).mode(0o600).open(dir.join("output-0.log")) else { return 1 };
+    let Ok(out) = OpenOptions::new().append(true).create(true).mode(0o600).open(dir.join("output-0.log")) else {
+        return 1;
+    };
     let err = out.try_clone().ok();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(out).process_group(0);
@@ -581,7 +608,8 @@ fn latency(env: &Env, n: usize) -> anyhow::Result<(LatencyResult, LatencyResult)
     let roots = [env.fresh_root("latency-runspool")?, env.fresh_root("latency-reference")?];
     let kinds = [Kind::Runspool, Kind::Reference];
     let _d: Vec<Daemon> = kinds.iter().zip(&roots).map(|(k, r)| env.start(*k, r, 2)).collect::<anyhow::Result<_>>()?;
-    let mut obs: Vec<Observer> = roots.iter().map(|r| Observer::new(&r.join("async-subagent-runs"))).collect::<anyhow::Result<_>>()?;
+    let mut obs: Vec<Observer> =
+        roots.iter().map(|r| Observer::new(&r.join("async-subagent-runs"))).collect::<anyhow::Result<_>>()?;
     let mut marks: [Vec<Marks>; 2] = [vec![], vec![]];
     // Warm-up (page cache, first spawn), not counted; then alternate the two
     // pipelines request by request so drift hits both alike.
@@ -589,7 +617,11 @@ fn latency(env: &Env, n: usize) -> anyhow::Result<(LatencyResult, LatencyResult)
         for p in 0..2 {
             let id = format!("lat-{i:06}");
             let t0 = drop_request(&roots[p].join("spool"), &id)?;
-            let m = obs[p].observe(&roots[p].join("async-subagent-runs").join(&id), t0, &done_marker(kinds[p], &roots[p], &id))?;
+            let m = obs[p].observe(
+                &roots[p].join("async-subagent-runs").join(&id),
+                t0,
+                &done_marker(kinds[p], &roots[p], &id),
+            )?;
             if i >= 3 {
                 marks[p].push(m);
             }
@@ -597,8 +629,15 @@ fn latency(env: &Env, n: usize) -> anyhow::Result<(LatencyResult, LatencyResult)
         }
     }
     let res = |v: &Vec<Marks>| {
-        let col = |f: &dyn Fn(&Marks) -> Option<Duration>| stats(v.iter().map(|m| f(m).map(ms).unwrap_or(f64::NAN)).collect());
-        LatencyResult { claimed: col(&|m| m.claimed), started: col(&|m| m.started), step: col(&|m| m.step), terminal: col(&|m| m.terminal) }
+        let col = |f: &dyn Fn(&Marks) -> Option<Duration>| {
+            stats(v.iter().map(|m| f(m).map(ms).unwrap_or(f64::NAN)).collect())
+        };
+        LatencyResult {
+            claimed: col(&|m| m.claimed),
+            started: col(&|m| m.started),
+            step: col(&|m| m.step),
+            terminal: col(&|m| m.terminal),
+        }
     };
     Ok((res(&marks[0]), res(&marks[1])))
 }
@@ -622,7 +661,9 @@ fn median_burst(mut v: Vec<BurstResult>) -> BurstResult {
 }
 
 fn count_entries(dir: &Path) -> usize {
-    fs::read_dir(dir).map(|rd| rd.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()).unwrap_or(0)
+    fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+        .unwrap_or(0)
 }
 
 fn burst(env: &Env, kind: Kind, n: usize, max_running: usize) -> anyhow::Result<BurstResult> {
@@ -655,7 +696,8 @@ fn burst(env: &Env, kind: Kind, n: usize, max_running: usize) -> anyhow::Result<
     let peak_rss_kib = proc_status_kib(d.pid(), "VmHWM:").unwrap_or(0);
     // Spot-check outcomes: every run must have completed.
     for id in [&ids[0], &ids[n / 2], &ids[n - 1]] {
-        let s: Value = serde_json::from_slice(&fs::read(root.join("async-subagent-runs").join(id).join("status.json"))?)?;
+        let s: Value =
+            serde_json::from_slice(&fs::read(root.join("async-subagent-runs").join(id).join("status.json"))?)?;
         if s["state"] != "complete" {
             anyhow::bail!("{name}: run {id} ended {}", s["state"]);
         }
@@ -694,7 +736,10 @@ fn fabricate_terminal(root: &Path, n: usize) -> anyhow::Result<Vec<String>> {
         });
         write_private(&dir.join("status.json"), &serde_json::to_vec_pretty(&status)?)?;
         let marker = json!({"version": 1, "runId": id, "sessionId": "default", "endedAt": ended});
-        write_private(&term.join(runspool::protocol::status::terminal_marker_name(ended, &id)), &serde_json::to_vec(&marker)?)?;
+        write_private(
+            &term.join(runspool::protocol::status::terminal_marker_name(ended, &id)),
+            &serde_json::to_vec(&marker)?,
+        )?;
         let result = json!({"id": id, "runId": id, "sessionId": "default", "mode": "single", "state": "complete",
             "success": true, "exitCode": 0, "summary": "", "results": [], "durationMs": 5, "timestamp": ended,
             "asyncDir": dir, "cwd": "/"});
@@ -850,7 +895,12 @@ fn time_cli_with(
     for i in 0..calls + 1 {
         before()?;
         let t = Instant::now();
-        let st = Command::new(&env.runspool).args(&full).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        let st = Command::new(&env.runspool)
+            .args(&full)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
         let d = ms(t.elapsed());
         if !st.success() {
             anyhow::bail!("runspool {} failed ({st})", args.join(" "));
@@ -908,7 +958,9 @@ fn adopt(env: &Env, active: usize, terminal: usize) -> anyhow::Result<AdoptResul
     let runs = root.join("async-subagent-runs");
     let locks: Vec<File> = ids
         .iter()
-        .map(|id| fsutil::lock(&runs.join(id).join("runner.lock"), true)?.ok_or_else(|| std::io::Error::other("lock busy")))
+        .map(|id| {
+            fsutil::lock(&runs.join(id).join("runner.lock"), true)?.ok_or_else(|| std::io::Error::other("lock busy"))
+        })
         .collect::<std::io::Result<_>>()?;
     let dj = root.join("runspool/daemon.json");
     let t0 = Instant::now();
@@ -950,7 +1002,8 @@ fn is_executable(p: &Path) -> bool {
 
 /// `name` on PATH, else in cargo's bin directory (where `cargo install` puts it).
 fn find_tool(name: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     if let Some(h) = std::env::var_os("CARGO_HOME") {
         dirs.push(PathBuf::from(h).join("bin"));
     }
@@ -981,7 +1034,9 @@ fn pueue_tools(version: &str) -> anyhow::Result<PueueTools> {
             }
             eprintln!("pueue: installed in {secs:.0} s");
             install_secs = Some(secs);
-            found().ok_or_else(|| anyhow::anyhow!("pueue installed, but neither PATH nor ~/.cargo/bin has pueue and pueued"))?
+            found().ok_or_else(|| {
+                anyhow::anyhow!("pueue installed, but neither PATH nor ~/.cargo/bin has pueue and pueued")
+            })?
         }
     };
     let out = Command::new(&pueue).arg("--version").stdin(Stdio::null()).output()?;
@@ -1089,7 +1144,12 @@ impl Pueued {
     fn run(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = self.cmd().args(args).output()?;
         if !out.status.success() {
-            anyhow::bail!("pueue {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+            anyhow::bail!(
+                "pueue {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -1270,7 +1330,6 @@ fn pueue_latency(env: &Env, tools: &PueueTools, n: usize, keep: bool) -> anyhow:
     Ok(PueueLatency { added: stats(added), started: stats(started), done: stats(done) })
 }
 
-
 // ---------------------------------------------------------------------------
 // Report
 // ---------------------------------------------------------------------------
@@ -1303,7 +1362,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     // Native watching (runspool's, the reference's, the observer's) needs inotify instances.
     if let Ok(v) = fs::read_to_string("/proc/sys/fs/inotify/max_user_instances") {
         if v.trim().parse::<u64>().is_ok_and(|n| n < 16) {
-            anyhow::bail!("fs.inotify.max_user_instances is {}; raise it (sysctl fs.inotify.max_user_instances=128) first", v.trim());
+            anyhow::bail!(
+                "fs.inotify.max_user_instances is {}; raise it (sysctl fs.inotify.max_user_instances=128) first",
+                v.trim()
+            );
         }
     }
     let parent = args.dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -1321,7 +1383,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         let pueue = if args.pueue { Some(pueue_tools(&args.pueue_version)?) } else { None };
         if let Some(t) = &pueue {
             let how = match t.install_secs {
-                Some(s) => format!("installed by the benchmark (`cargo install pueue --version {} --locked`, {s:.0} s)", args.pueue_version),
+                Some(s) => format!(
+                    "installed by the benchmark (`cargo install pueue --version {} --locked`, {s:.0} s)",
+                    args.pueue_version
+                ),
                 None => "already installed".into(),
             };
             report += &format!("pueue side by side: pueue {} ({how}), a private `pueued` per test.\n\n", t.version);
@@ -1339,7 +1404,8 @@ fn run(args: Args) -> anyhow::Result<()> {
                 ("step started", rs.step, rf.step),
                 ("terminal status", rs.terminal, rf.terminal),
             ] {
-                report += &format!(
+                report +=
+                    &format!(
                     "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}× | {:.2}× |\n",
                     a.p50, a.p90, a.p99, a.max, b.p50, b.p90, b.p99, b.max, a.p50 / b.p50, a.p99 / b.p99
                 );
@@ -1371,11 +1437,23 @@ fn run(args: Args) -> anyhow::Result<()> {
                     let ratio = |r: f64| if r.is_finite() { format!("{r:.3}×") } else { "–".into() };
                     report += &format!(
                         "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        cell(a.p50), cell(a.p90), cell(a.p99), cell(a.max), cell(b.p50), cell(b.p90), cell(b.p99), cell(b.max), ratio(r50), ratio(r99)
+                        cell(a.p50),
+                        cell(a.p90),
+                        cell(a.p99),
+                        cell(a.max),
+                        cell(b.p50),
+                        cell(b.p90),
+                        cell(b.p99),
+                        cell(b.max),
+                        ratio(r50),
+                        ratio(r99)
                     );
                     if b.n > 0 {
-                        jp.insert(name.split(" (").next().unwrap_or(name).into(), json!({"runspool": stats_json(&a), "pueue": stats_json(&b),
-                            "ratio_runspool_over_pueue_p50": r50, "ratio_runspool_over_pueue_p99": r99}));
+                        jp.insert(
+                            name.split(" (").next().unwrap_or(name).into(),
+                            json!({"runspool": stats_json(&a), "pueue": stats_json(&b),
+                            "ratio_runspool_over_pueue_p50": r50, "ratio_runspool_over_pueue_p99": r99}),
+                        );
                     }
                 }
                 report += "\n";
@@ -1401,12 +1479,18 @@ fn run(args: Args) -> anyhow::Result<()> {
                     }
                     // pueue in the same round, so it shares the round's load.
                     if let Some(t) = &pueue {
-                        eprintln!("burst: {} tasks through pueue at parallel {p} (round {}) ...", args.pueue_burst_n, k + 1);
+                        eprintln!(
+                            "burst: {} tasks through pueue at parallel {p} (round {}) ...",
+                            args.pueue_burst_n,
+                            k + 1
+                        );
                         pbs.push(pueue_burst(&env, t, args.pueue_burst_n, p, args.keep)?);
                     }
                 }
-                let pueue_rounds: Vec<String> = rss.iter().zip(&pbs).map(|(a, b)| format!("{:.1}", a.per_s / b.per_s)).collect();
-                let rounds: Vec<String> = rss.iter().zip(&rfs).map(|(a, b)| format!("{:.2}", a.per_s / b.per_s)).collect();
+                let pueue_rounds: Vec<String> =
+                    rss.iter().zip(&pbs).map(|(a, b)| format!("{:.1}", a.per_s / b.per_s)).collect();
+                let rounds: Vec<String> =
+                    rss.iter().zip(&rfs).map(|(a, b)| format!("{:.2}", a.per_s / b.per_s)).collect();
                 let (rs, rf) = (median_burst(rss), median_burst(rfs));
                 let ratio = rs.per_s / rf.per_s;
                 report += &format!(
@@ -1422,7 +1506,11 @@ fn run(args: Args) -> anyhow::Result<()> {
                 jb.push(json!({"max_running": p, "n": args.burst_n, "rounds": args.burst_repeat.max(1), "round_ratios": rounds,
                     "runspool": {"secs": rs.secs, "runs_per_s": rs.per_s, "peak_rss_kib": rs.peak_rss_kib},
                     "reference": {"secs": rf.secs, "runs_per_s": rf.per_s, "peak_rss_kib": rf.peak_rss_kib}}));
-                targets.push((format!("burst throughput at max_running {p} ≥ 0.7× reference"), format!("{ratio:.2}×"), ratio >= 0.7));
+                targets.push((
+                    format!("burst throughput at max_running {p} ≥ 0.7× reference"),
+                    format!("{ratio:.2}×"),
+                    ratio >= 0.7,
+                ));
                 if !pbs.is_empty() {
                     // The round with the median throughput, as for the other two.
                     pbs.sort_by(|a, b| a.per_s.partial_cmp(&b.per_s).unwrap());
@@ -1453,14 +1541,21 @@ fn run(args: Args) -> anyhow::Result<()> {
                     jpb.push(json!({"parallel": pb.parallel, "n": pb.n, "rounds": pueue_rounds.len(), "round_ratios": pueue_rounds, "secs": pb.secs, "add_secs": pb.add_secs, "tasks_per_s": pb.per_s,
                         "peak_rss_kib": pb.peak_rss_kib, "runspool_runs_per_s": rs_per_s, "reference_runs_per_s": rf_per_s,
                         "ratio_runspool_over_pueue": ratio, "ratio_reference_over_pueue": ref_ratio}));
-                    targets.push((format!("burst throughput at max_running {} ≥ 30× pueue", pb.parallel), format!("{ratio:.1}×"), ratio >= 30.0));
+                    targets.push((
+                        format!("burst throughput at max_running {} ≥ 30× pueue", pb.parallel),
+                        format!("{ratio:.1}×"),
+                        ratio >= 30.0,
+                    ));
                 }
                 report += "\n";
                 js["pueue"]["burst"] = json!(jpb);
             }
         }
         if has("idle") {
-            eprintln!("idle: 4 daemons for {} s (fabricating {} terminal runs twice first) ...", args.idle_secs, args.runs);
+            eprintln!(
+                "idle: 4 daemons for {} s (fabricating {} terminal runs twice first) ...",
+                args.idle_secs, args.runs
+            );
             let res = idle(&env, args.idle_secs, args.runs)?;
             report += &format!("### Idle daemon over {} s (from /proc)\n\n", args.idle_secs);
             report += "| watch | terminal runs | CPU ms | CPU % | wakeups/s | RSS MiB | threads |\n|---|---|---|---|---|---|---|\n";
@@ -1479,11 +1574,23 @@ fn run(args: Args) -> anyhow::Result<()> {
                 ji.push(json!({"strategy": r.strategy, "terminal_runs": r.runs, "settle_s": r.settle_s, "cpu_ms": r.cpu_ms,
                     "cpu_pct": r.cpu_pct, "wakeups_per_s": r.wakeups_per_s, "rss_kib": r.rss_kib, "threads": r.threads}));
                 if r.strategy == "native" {
-                    targets.push((format!("idle native, {} runs: ≤ 1 wakeup/s", r.runs), format!("{:.2}/s", r.wakeups_per_s), r.wakeups_per_s <= 1.0));
-                    targets.push((format!("idle native, {} runs: CPU ≤ 0.01%", r.runs), format!("{:.4}%", r.cpu_pct), r.cpu_pct <= 0.01));
+                    targets.push((
+                        format!("idle native, {} runs: ≤ 1 wakeup/s", r.runs),
+                        format!("{:.2}/s", r.wakeups_per_s),
+                        r.wakeups_per_s <= 1.0,
+                    ));
+                    targets.push((
+                        format!("idle native, {} runs: CPU ≤ 0.01%", r.runs),
+                        format!("{:.4}%", r.cpu_pct),
+                        r.cpu_pct <= 0.01,
+                    ));
                     let (limit, what) = if r.runs == 0 { (15.0, "≤ 15 MiB") } else { (40.0, "≤ 40 MiB") };
                     let mib = r.rss_kib as f64 / 1024.0;
-                    targets.push((format!("idle RSS with {} runs {what}", r.runs), format!("{mib:.1} MiB"), mib <= limit));
+                    targets.push((
+                        format!("idle RSS with {} runs {what}", r.runs),
+                        format!("{mib:.1} MiB"),
+                        mib <= limit,
+                    ));
                 }
             }
             report += "\n";
@@ -1496,18 +1603,38 @@ fn run(args: Args) -> anyhow::Result<()> {
                 "### CLI with {} terminal runs and {} active runs stored ({} calls each)\n\n",
                 args.runs, args.active, args.calls
             );
-            report += "| command | p50 ms | p90 ms | max ms | files opened (beyond `--version`) |\n|---|---|---|---|---|\n";
+            report +=
+                "| command | p50 ms | p90 ms | max ms | files opened (beyond `--version`) |\n|---|---|---|---|---|\n";
             let mut jc = Vec::new();
             for (i, r) in res.iter().enumerate() {
                 let opens = r.opens.map(|o| o.to_string()).unwrap_or_else(|| "n/a (no strace)".into());
-                report += &format!("| `{}` | {:.1} | {:.1} | {:.1} | {opens} |\n", r.what, r.stats.p50, r.stats.p90, r.stats.max);
+                report += &format!(
+                    "| `{}` | {:.1} | {:.1} | {:.1} | {opens} |\n",
+                    r.what, r.stats.p50, r.stats.p90, r.stats.max
+                );
                 jc.push(json!({"command": r.what, "stats": stats_json(&r.stats), "opens": r.opens}));
                 let o = r.opens.map(|o| o <= 60).unwrap_or(true);
                 if i == 0 {
-                    targets.push(("`list --recent 20` ≤ 50 ms, O(20) files (quiet index)".into(), format!("{:.1} ms, {} files", r.stats.p50, r.opens.map(|o| o.to_string()).unwrap_or("?".into())), r.stats.p50 <= 50.0 && o));
+                    targets.push((
+                        "`list --recent 20` ≤ 50 ms, O(20) files (quiet index)".into(),
+                        format!(
+                            "{:.1} ms, {} files",
+                            r.stats.p50,
+                            r.opens.map(|o| o.to_string()).unwrap_or("?".into())
+                        ),
+                        r.stats.p50 <= 50.0 && o,
+                    ));
                 }
                 if i == 3 {
-                    targets.push(("`status ID` ≤ 20 ms".into(), format!("{:.1} ms, {} files", r.stats.p50, r.opens.map(|o| o.to_string()).unwrap_or("?".into())), r.stats.p50 <= 20.0 && o));
+                    targets.push((
+                        "`status ID` ≤ 20 ms".into(),
+                        format!(
+                            "{:.1} ms, {} files",
+                            r.stats.p50,
+                            r.opens.map(|o| o.to_string()).unwrap_or("?".into())
+                        ),
+                        r.stats.p50 <= 20.0 && o,
+                    ));
                 }
             }
             report += "\n";
@@ -1521,7 +1648,11 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let r = adopt(&env, args.active, terminal)?;
                 report += &format!("| {} | {} | {:.3} |\n", r.active, r.terminal, r.secs);
                 ja.push(json!({"active": r.active, "terminal": r.terminal, "secs": r.secs}));
-                targets.push((format!("re-adoption of {} active runs ({} terminal) ≤ 2 s", r.active, r.terminal), format!("{:.3} s", r.secs), r.secs <= 2.0));
+                targets.push((
+                    format!("re-adoption of {} active runs ({} terminal) ≤ 2 s", r.active, r.terminal),
+                    format!("{:.3} s", r.secs),
+                    r.secs <= 2.0,
+                ));
             }
             report += "\n";
             js["adopt"] = json!(ja);
@@ -1533,7 +1664,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         for (t, m, ok) in &targets {
             report += &format!("| {t} | {m} | {} |\n", verdict(*ok));
         }
-        js["targets"] = json!(targets.iter().map(|(t, m, ok)| json!({"target": t, "measured": m, "holds": ok})).collect::<Vec<_>>());
+        js["targets"] = json!(targets
+            .iter()
+            .map(|(t, m, ok)| json!({"target": t, "measured": m, "holds": ok}))
+            .collect::<Vec<_>>());
     }
     print!("{report}");
     std::io::stdout().flush()?;

@@ -46,7 +46,11 @@ pub fn check(explicit: Option<&Path>, json_out: bool) -> i32 {
         }
         Err(e) => {
             if json_out {
-                println!("{}", serde_json::to_string_pretty(&json!({"ok": false, "path": shown, "source": source, "error": e})).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"ok": false, "path": shown, "source": source, "error": e}))
+                        .unwrap_or_default()
+                );
             }
             eprintln!("runspool: the daemon would refuse this configuration: {e}");
             eprintln!("  (a running daemon keeps its current configuration on SIGHUP until this is fixed)");
@@ -61,7 +65,9 @@ fn warnings(c: &Config) -> Vec<String> {
     for (key, cmd) in [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)] {
         if let Some(prog) = cmd.first() {
             if let Err(e) = crate::providers::find_executable(prog) {
-                out.push(format!("{key}: {e}; the hook will fail until it is installed (the service's PATH may differ from yours)"));
+                out.push(format!(
+                    "{key}: {e}; the hook will fail until it is installed (the service's PATH may differ from yours)"
+                ));
             }
         }
     }

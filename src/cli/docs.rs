@@ -48,7 +48,10 @@ fn pages(cmd: clap::Command) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         man.render(&mut roff)?;
         let name = man.get_filename();
         let title = name.trim_end_matches(".1");
-        out.push((name.clone(), polish(&String::from_utf8_lossy(&roff), title, &version, c.get_after_help().map(|h| h.to_string()))));
+        out.push((
+            name.clone(),
+            polish(&String::from_utf8_lossy(&roff), title, &version, c.get_after_help().map(|h| h.to_string())),
+        ));
         // Reversed so pages come out in declaration order.
         todo.extend(c.get_subcommands().filter(|s| !s.is_hide_set()).cloned().collect::<Vec<_>>().into_iter().rev());
     }
@@ -159,7 +162,9 @@ mod tests {
         assert_eq!(names(&vis), want);
         let svc = |c: &clap::Command| c.find_subcommand("service").map(names).unwrap();
         assert_eq!(svc(&vis), svc(&full));
-        let submit = |c: &clap::Command| c.find_subcommand("submit").unwrap().get_arguments().map(|a| a.get_id().to_string()).collect::<Vec<_>>();
+        let submit = |c: &clap::Command| {
+            c.find_subcommand("submit").unwrap().get_arguments().map(|a| a.get_id().to_string()).collect::<Vec<_>>()
+        };
         assert_eq!(submit(&vis), submit(&full));
         assert!(vis.get_arguments().any(|a| a.get_id() == "root" && a.is_global_set()));
     }

@@ -25,7 +25,8 @@ fn read_json(p: &Path) -> Option<Value> {
 pub fn inotify_usage() -> Option<Value> {
     #[cfg(target_os = "linux")]
     {
-        let lim = |n: &str| std::fs::read_to_string(format!("/proc/sys/fs/inotify/{n}")).ok()?.trim().parse::<u64>().ok();
+        let lim =
+            |n: &str| std::fs::read_to_string(format!("/proc/sys/fs/inotify/{n}")).ok()?.trim().parse::<u64>().ok();
         let uid = nix::unistd::getuid().as_raw();
         let (mut instances, mut watches) = (0u64, 0u64);
         for p in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -38,7 +39,9 @@ pub fn inotify_usage() -> Option<Value> {
                 if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
                     instances += 1;
                     let info = p.path().join("fdinfo").join(fd.file_name());
-                    watches += std::fs::read_to_string(info).map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64).unwrap_or(0);
+                    watches += std::fs::read_to_string(info)
+                        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64)
+                        .unwrap_or(0);
                 }
             }
         }
@@ -57,7 +60,9 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
     for p in [layout.root.clone(), layout.spool(), layout.runs()] {
         match crate::daemon::check_dir_safety(&p) {
             Ok(true) => checks.push(check("root", "ok", format!("{} is safe", p.display()))),
-            Ok(false) => checks.push(check("root", "warn", format!("{} does not exist yet; the daemon creates it", p.display()))),
+            Ok(false) => {
+                checks.push(check("root", "warn", format!("{} does not exist yet; the daemon creates it", p.display())))
+            }
             Err(e) => checks.push(check("root", "fail", e.to_string())),
         }
     }
@@ -81,18 +86,48 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             checks.push(check(
                 "watch",
                 "ok",
-                format!("{} ({}): {}", d["watch"]["strategy"].as_str().unwrap_or("?"), d["watch"]["backend"].as_str().unwrap_or("?"), d["watch"]["reason"].as_str().unwrap_or("")),
+                format!(
+                    "{} ({}): {}",
+                    d["watch"]["strategy"].as_str().unwrap_or("?"),
+                    d["watch"]["backend"].as_str().unwrap_or("?"),
+                    d["watch"]["reason"].as_str().unwrap_or("")
+                ),
             ));
             let storage = d["storage"]["state"].as_str().unwrap_or("?");
             let level = if storage == "ok" { "ok" } else { "warn" };
-            checks.push(check("storage", level, format!("{storage}{}", d["storage"]["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default())));
+            checks.push(check(
+                "storage",
+                level,
+                format!("{storage}{}", d["storage"]["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default()),
+            ));
         }
-        _ => checks.push(check("daemon", "warn", format!("no daemon holds {}; start it with `runspool daemon` or `systemctl --user start runspool`", layout.daemon_lock().display()))),
+        _ => checks.push(check(
+            "daemon",
+            "warn",
+            format!(
+                "no daemon holds {}; start it with `runspool daemon` or `systemctl --user start runspool`",
+                layout.daemon_lock().display()
+            ),
+        )),
     }
     // Filesystem and space.
     let fs = crate::daemon::watch::fs_type(if layout.root.exists() { &layout.root } else { Path::new("/") });
-    let choice = crate::daemon::watch::choose(std::env::consts::OS, fs.as_deref(), cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto"));
-    checks.push(check("filesystem", "ok", format!("{} is on {}; strategy would be {:?}: {}", layout.root.display(), fs.as_deref().unwrap_or("?"), choice.strategy, choice.reason)));
+    let choice = crate::daemon::watch::choose(
+        std::env::consts::OS,
+        fs.as_deref(),
+        cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto"),
+    );
+    checks.push(check(
+        "filesystem",
+        "ok",
+        format!(
+            "{} is on {}; strategy would be {:?}: {}",
+            layout.root.display(),
+            fs.as_deref().unwrap_or("?"),
+            choice.strategy,
+            choice.reason
+        ),
+    ));
     if let Some(u) = inotify_usage() {
         let (inst, max_inst) = (u["instances"].as_u64().unwrap_or(0), u["maxUserInstances"].as_u64().unwrap_or(0));
         let level = if max_inst > 0 && inst >= max_inst { "warn" } else { "ok" };
@@ -105,10 +140,16 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             ),
         ));
     }
-    if let Ok((bytes, inodes)) = crate::platform::free_space(if layout.root.exists() { &layout.root } else { Path::new("/") }) {
+    if let Ok((bytes, inodes)) =
+        crate::platform::free_space(if layout.root.exists() { &layout.root } else { Path::new("/") })
+    {
         let min = cfg.as_ref().map(|c| c.storage.min_free_bytes).unwrap_or(16 << 20);
         let level = if bytes < min || inodes == 0 { "warn" } else { "ok" };
-        checks.push(check("space", level, format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20)));
+        checks.push(check(
+            "space",
+            level,
+            format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20),
+        ));
     }
     // Service integration (Linux user services).
     if cfg!(target_os = "linux") {
@@ -120,14 +161,23 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         }));
         if let Some(home) = std::env::var_os("HOME") {
             // Installed by `runspool service install` (per user) or by the package (system-wide).
-            let unit = [Path::new(&home).join(".config/systemd/user/runspool.service"), "/usr/lib/systemd/user/runspool.service".into()]
-                .into_iter()
-                .find(|p| p.exists());
+            let unit = [
+                Path::new(&home).join(".config/systemd/user/runspool.service"),
+                "/usr/lib/systemd/user/runspool.service".into(),
+            ]
+            .into_iter()
+            .find(|p| p.exists());
             let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();
             checks.push(match (unit, enabled) {
                 (Some(u), true) => check("unit", "ok", format!("{} installed and enabled", u.display())),
-                (Some(u), false) => check("unit", "warn", format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display())),
-                (None, _) => check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one"),
+                (Some(u), false) => check(
+                    "unit",
+                    "warn",
+                    format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display()),
+                ),
+                (None, _) => {
+                    check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one")
+                }
             });
         }
         if let Some(user) = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten() {
@@ -135,7 +185,14 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             checks.push(check(
                 "linger",
                 if linger { "ok" } else { "warn" },
-                if linger { "lingering is on: the service survives logout".to_string() } else { format!("lingering is off: a user service stops at logout; enable it with `loginctl enable-linger {}`", user.name) },
+                if linger {
+                    "lingering is on: the service survives logout".to_string()
+                } else {
+                    format!(
+                        "lingering is off: a user service stops at logout; enable it with `loginctl enable-linger {}`",
+                        user.name
+                    )
+                },
             ));
         }
     }
@@ -147,7 +204,15 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             checks.push(check(
                 "provider",
                 if found { "ok" } else { "fail" },
-                format!("{name} ({}): `{exe}` {}", p.kind, if found { "found" } else { "not found or not executable; install it or fix the path in the config" }),
+                format!(
+                    "{name} ({}): `{exe}` {}",
+                    p.kind,
+                    if found {
+                        "found"
+                    } else {
+                        "not found or not executable; install it or fix the path in the config"
+                    }
+                ),
             ));
         }
     }
@@ -159,15 +224,24 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                 checks.push(check(
                     "hook",
                     if found { "ok" } else { "warn" },
-                    format!("{key}: `{prog}` {}", if found { "found" } else { "not found on PATH; the hook will fail until it is installed" }),
+                    format!(
+                        "{key}: `{prog}` {}",
+                        if found { "found" } else { "not found on PATH; the hook will fail until it is installed" }
+                    ),
                 ));
             }
         }
     }
     let failed = checks.iter().any(|c| c.level == "fail");
     if as_json {
-        let v: Vec<Value> = checks.iter().map(|c| json!({"check": c.name, "level": c.level, "detail": c.detail})).collect();
-        println!("{}", serde_json::to_string_pretty(&json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": inotify_usage()}))?);
+        let v: Vec<Value> =
+            checks.iter().map(|c| json!({"check": c.name, "level": c.level, "detail": c.detail})).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": inotify_usage()})
+            )?
+        );
     } else {
         for c in &checks {
             println!("{:<5} {:<11} {}", c.level, c.name, c.detail);
@@ -197,8 +271,17 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
         (true, Some(d)) => {
             println!("daemon    running (pid {}, version {})", d["pid"], d["runspoolVersion"].as_str().unwrap_or("?"));
             println!("root      {}", layout.root.display());
-            println!("watch     {} ({}): {}", d["watch"]["strategy"].as_str().unwrap_or("?"), d["watch"]["backend"].as_str().unwrap_or("?"), d["watch"]["reason"].as_str().unwrap_or(""));
-            println!("storage   {}{}", d["storage"]["state"].as_str().unwrap_or("?"), d["storage"]["reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default());
+            println!(
+                "watch     {} ({}): {}",
+                d["watch"]["strategy"].as_str().unwrap_or("?"),
+                d["watch"]["backend"].as_str().unwrap_or("?"),
+                d["watch"]["reason"].as_str().unwrap_or("")
+            );
+            println!(
+                "storage   {}{}",
+                d["storage"]["state"].as_str().unwrap_or("?"),
+                d["storage"]["reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default()
+            );
             println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
             Ok(0)
         }

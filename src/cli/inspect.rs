@@ -15,7 +15,8 @@ pub fn resolve(layout: &Layout, run: &str) -> anyhow::Result<String> {
 }
 
 fn load(layout: &Layout, id: &str) -> anyhow::Result<Status> {
-    run::read_status(&layout.run_dir(id))?.with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
+    run::read_status(&layout.run_dir(id))?
+        .with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
 }
 
 fn ago(ms: i64) -> String {
@@ -57,7 +58,13 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn list(layout: &Layout, active: bool, recent: Option<usize>, session: Option<&str>, json: bool) -> anyhow::Result<i32> {
+pub fn list(
+    layout: &Layout,
+    active: bool,
+    recent: Option<usize>,
+    session: Option<&str>,
+    json: bool,
+) -> anyhow::Result<i32> {
     let mut out: Vec<Status> = Vec::new();
     if recent.is_none() {
         out.extend(
@@ -98,7 +105,13 @@ pub fn list(layout: &Layout, active: bool, recent: Option<usize>, session: Optio
 /// wait keeps one live line (state, steps done, current step, elapsed); else
 /// it prints a plain line whenever the state or the current step changes.
 /// `json`: print the final status.json on stdout.
-pub fn wait(layout: &Layout, id: &str, timeout: Option<Duration>, spool_name: Option<&str>, json: bool) -> anyhow::Result<i32> {
+pub fn wait(
+    layout: &Layout,
+    id: &str,
+    timeout: Option<Duration>,
+    spool_name: Option<&str>,
+    json: bool,
+) -> anyhow::Result<i32> {
     let start = Instant::now();
     let tty = !json && unsafe { libc::isatty(2) } == 1;
     let mut progress = Progress { tty, last_plain: String::new(), drawn: false };
@@ -137,12 +150,18 @@ pub fn wait(layout: &Layout, id: &str, timeout: Option<Duration>, spool_name: Op
                 }
                 return Ok(2);
             }
-            progress.line(&format!("{id} waiting to be claimed (is the daemon running? `runspool status`)"), start.elapsed());
+            progress.line(
+                &format!("{id} waiting to be claimed (is the daemon running? `runspool status`)"),
+                start.elapsed(),
+            );
         }
         if let Some(t) = timeout {
             if start.elapsed() >= t {
                 progress.clear();
-                eprintln!("runspool: gave up waiting for {id} after {}; it goes on (see `runspool status {id}`)", fmt_elapsed(t.as_secs()));
+                eprintln!(
+                    "runspool: gave up waiting for {id} after {}; it goes on (see `runspool status {id}`)",
+                    fmt_elapsed(t.as_secs())
+                );
                 return Ok(124);
             }
         }
@@ -184,7 +203,11 @@ impl Progress {
         if s.state == State::Queued {
             text.push_str(&format!(" · priority {}", s.queue.priority));
         }
-        let elapsed = if s.state == State::Running { (crate::now_ms() - s.started_at).max(0) as u64 / 1000 } else { waited.as_secs() };
+        let elapsed = if s.state == State::Running {
+            (crate::now_ms() - s.started_at).max(0) as u64 / 1000
+        } else {
+            waited.as_secs()
+        };
         self.line(&text, Duration::from_secs(elapsed));
     }
 
@@ -222,7 +245,8 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
         body["reason"] = json!(r);
     }
     let path = control.join(format!("{kind}.json"));
-    fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false).with_context(|| format!("cannot write {}", path.display()))?;
+    fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: asked {id} to {kind} ({})", path.display());
     Ok(0)
 }

@@ -94,10 +94,12 @@ To keep it running across logouts and crashes use `runspool service install` ins
         json: bool,
     },
     /// Wait for a run to end; exits with the run's exit code
-    #[command(after_help = "On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
+    #[command(
+        after_help = "On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
         otherwise a plain line is printed whenever the state or the running step changes.\n\n\
         Exit codes: the run's exit code; 124 when --timeout expires (the run goes on); 2 when the request was rejected.\n\n\
-        Examples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json")]
+        Examples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json"
+    )]
     Wait {
         /// Run id, or a unique prefix of 8 or more characters
         run: String,
@@ -290,7 +292,8 @@ pub fn main() -> i32 {
         Cmd::Completions { shell } => docs::completions(shell, Cli::command()),
         Cmd::Man { dir } => docs::man(Cli::command(), dir.as_deref()),
         Cmd::Daemon { config } => {
-            let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
+            let level =
+                crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             crate::logging::init(&level, true);
             let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
                 Ok(d) => d,
@@ -312,14 +315,19 @@ pub fn main() -> i32 {
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
                 Cmd::Status { run: None, json } => doctor::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
-                Cmd::List { active, recent, session, json } => inspect::list(&layout, active, recent, session.as_deref(), json),
-                Cmd::Wait { run, timeout, json } => inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None, json)),
+                Cmd::List { active, recent, session, json } => {
+                    inspect::list(&layout, active, recent, session.as_deref(), json)
+                }
+                Cmd::Wait { run, timeout, json } => {
+                    inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None, json))
+                }
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow, json } => inspect::logs(&layout, &run, step, follow, json),
                 Cmd::Service(sc) => match sc {
                     ServiceCmd::Install { config } => {
                         let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root = cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+                        let root =
+                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
                         crate::service::install(root.as_deref(), config.as_deref())
                     }
                     ServiceCmd::Uninstall => crate::service::uninstall(),
@@ -331,11 +339,17 @@ pub fn main() -> i32 {
                     ServiceCmd::Logs { follow } => crate::service::logs(follow),
                     ServiceCmd::Unit { bin, config } => {
                         let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root = cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+                        let root =
+                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
                         crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
                     }
                 },
-                Cmd::Daemon { .. } | Cmd::Runner { .. } | Cmd::Providers { .. } | Cmd::Config(_) | Cmd::Completions { .. } | Cmd::Man { .. } => unreachable!(),
+                Cmd::Daemon { .. }
+                | Cmd::Runner { .. }
+                | Cmd::Providers { .. }
+                | Cmd::Config(_)
+                | Cmd::Completions { .. }
+                | Cmd::Man { .. } => unreachable!(),
             };
             match r {
                 Ok(code) => code,
@@ -354,7 +368,10 @@ pub(crate) fn resolve_run(layout: &Layout, run: &str) -> anyhow::Result<String> 
         return Ok(run.to_string());
     }
     if run.len() < 8 {
-        bail!("no run `{run}` under {}; give the full run id or a prefix of 8 or more characters", layout.runs().display());
+        bail!(
+            "no run `{run}` under {}; give the full run id or a prefix of 8 or more characters",
+            layout.runs().display()
+        );
     }
     let mut found = Vec::new();
     let rd = std::fs::read_dir(layout.runs()).with_context(|| format!("cannot read {}", layout.runs().display()))?;

@@ -12,7 +12,9 @@ use crate::protocol::request;
 use crate::store::{fsutil, Layout};
 
 #[derive(Args)]
-#[command(after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --file request.json")]
+#[command(
+    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --file request.json"
+)]
 pub struct SubmitArgs {
     /// Publish this request file as it is (a runId is added when it has none)
     #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "timeout", "priority", "session"])]

@@ -182,7 +182,9 @@ impl Bridge {
         let mut capped = false;
         claims.sort();
         for id in &claims {
-            if self.inflight.contains(&(run_id.to_string(), id.clone())) || reqdir.join(format!("{id}.claim/completed.json")).exists() {
+            if self.inflight.contains(&(run_id.to_string(), id.clone()))
+                || reqdir.join(format!("{id}.claim/completed.json")).exists()
+            {
                 continue; // finished claims are skipped, not counted
             }
             if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
@@ -290,7 +292,14 @@ impl Bridge {
                 }
                 let key = (run_id.to_string(), id.to_string());
                 self.inflight.insert(key.clone());
-                let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
+                let work = Work {
+                    tx: self.tx.clone(),
+                    run_id: run_id.into(),
+                    dir: dir.to_path_buf(),
+                    id: id.into(),
+                    provider,
+                    limit,
+                };
                 if !spawn_worker(run_id, id, move || work.operation(req, lock)) {
                     self.inflight.remove(&key);
                 }
@@ -299,7 +308,15 @@ impl Bridge {
     }
 
     /// Answer in the loop (no provider involved), then remove the request under its lock.
-    fn answer_and_remove(&self, dir: &Path, id: &str, op: &str, provider: &str, r: Result<Handle, Failure>, path: &Path) {
+    fn answer_and_remove(
+        &self,
+        dir: &Path,
+        id: &str,
+        op: &str,
+        provider: &str,
+        r: Result<Handle, Failure>,
+        path: &Path,
+    ) {
         let Ok(lock) = File::options().read(true).open(path) else { return };
         if !matches!(fsutil::flock(&lock, true), Ok(true)) {
             return;
@@ -309,7 +326,14 @@ impl Bridge {
         }
     }
 
-    fn claim_start(&mut self, run_id: &str, dir: &Path, req: Request, provider: std::sync::Arc<dyn Provider>, limit: Duration) {
+    fn claim_start(
+        &mut self,
+        run_id: &str,
+        dir: &Path,
+        req: Request,
+        provider: std::sync::Arc<dyn Provider>,
+        limit: Duration,
+    ) {
         let reqdir = dir.join(REQUESTS);
         let id = req.id.clone();
         let path = reqdir.join(format!("{id}.json"));
@@ -357,7 +381,14 @@ impl Bridge {
         tracing::info!(run_id, request = %id, provider = %req.provider, "claimed a start request");
         let key = (run_id.to_string(), id.clone());
         self.inflight.insert(key.clone());
-        let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.clone(), provider, limit };
+        let work = Work {
+            tx: self.tx.clone(),
+            run_id: run_id.into(),
+            dir: dir.to_path_buf(),
+            id: id.clone(),
+            provider,
+            limit,
+        };
         if !spawn_worker(run_id, &id, move || work.start(req)) {
             self.inflight.remove(&key);
         }
@@ -367,8 +398,9 @@ impl Bridge {
     fn recover_claim(&mut self, run_id: &str, dir: &Path, id: &str) -> bool {
         let reqdir = dir.join(REQUESTS);
         let claim = reqdir.join(format!("{id}.claim"));
-        let owner: Option<ClaimOwner> =
-            fsutil::read_nofollow(&claim.join("owner.json"), 64 * 1024).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&claim.join("owner.json"), 64 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
         match &owner {
             Some(o) if o.hostname != self.me.hostname => return false, // another host's servicer
             Some(o) if o.pid == self.me.pid && o.process_start_identity == self.me.identity => {
@@ -376,7 +408,8 @@ impl Bridge {
             }
             Some(o) => {
                 let alive = crate::platform::pid_alive(o.pid)
-                    && (o.process_start_identity.is_none() || crate::platform::start_identity(o.pid) == o.process_start_identity);
+                    && (o.process_start_identity.is_none()
+                        || crate::platform::start_identity(o.pid) == o.process_start_identity);
                 if alive {
                     return false;
                 }
@@ -394,12 +427,17 @@ impl Bridge {
         if self.retry_at.get(&key).is_some_and(|t| Instant::now() < *t) {
             return false;
         }
-        let dead = owner.as_ref().map(|o| format!("pid {} on {}", o.pid, o.hostname)).unwrap_or_else(|| "an unknown servicer".into());
+        let dead = owner
+            .as_ref()
+            .map(|o| format!("pid {} on {}", o.pid, o.hostname))
+            .unwrap_or_else(|| "an unknown servicer".into());
         let _ = fsutil::remove_if_exists(&reqdir.join(format!("{id}.json")));
-        let handle: Option<Handle> =
-            fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        let creq: Option<Request> =
-            fsutil::read_nofollow(&claim.join("request.json"), MAX_REQUEST_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let handle: Option<Handle> = fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let creq: Option<Request> = fsutil::read_nofollow(&claim.join("request.json"), MAX_REQUEST_BYTES)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
         let provider_name = creq.as_ref().map(|r| r.provider.clone()).unwrap_or_else(|| "unknown".into());
         if let Some(h) = handle {
             tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "start servicer died after saving the handle: answering with it");
@@ -427,7 +465,9 @@ impl Bridge {
                 ),
             )
         };
-        let (Some(creq), Some((provider, limit))) = (creq.clone(), creq.as_ref().and_then(|r| self.providers.get(&r.provider).cloned())) else {
+        let (Some(creq), Some((provider, limit))) =
+            (creq.clone(), creq.as_ref().and_then(|r| self.providers.get(&r.provider).cloned()))
+        else {
             let why = if creq.is_none() {
                 format!("its claim copy {} is unreadable", claim.join("request.json").display())
             } else {
@@ -439,7 +479,8 @@ impl Bridge {
         };
         tracing::warn!(run_id, request = id, owner = %dead, "start servicer died before saving the handle: asking the provider for a job it may have started");
         self.inflight.insert(key.clone());
-        let work = Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
+        let work =
+            Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
         let msg = abandoned("the provider finds no job it started for it").message;
         if !spawn_worker(run_id, id, move || work.recover(creq, msg)) {
             self.inflight.remove(&key);
@@ -449,12 +490,17 @@ impl Bridge {
 
     /// A claim that never got committed: remove it once its maker is gone.
     fn clean_tmp_claim(&self, tmp: &Path) {
-        let owner: Option<ClaimOwner> =
-            fsutil::read_nofollow(&tmp.join("owner.json"), 64 * 1024).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&tmp.join("owner.json"), 64 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
         let gone = match owner {
             Some(o) if o.hostname == self.me.hostname => o.pid == self.me.pid || !crate::platform::pid_alive(o.pid),
             Some(_) => false,
-            None => std::fs::metadata(tmp).ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|a| a > Duration::from_secs(60)),
+            None => std::fs::metadata(tmp)
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a > Duration::from_secs(60)),
         };
         if gone {
             let _ = std::fs::remove_dir_all(tmp);
@@ -514,11 +560,19 @@ impl Work {
                 p.call(&call).map(Some)
             }
         }))
-        .unwrap_or_else(|_| Err(providers::failure("provider-error", format!("provider `{}` panicked during {}", req.provider, op.as_str()))))?;
+        .unwrap_or_else(|_| {
+            Err(providers::failure(
+                "provider-error",
+                format!("provider `{}` panicked during {}", req.provider, op.as_str()),
+            ))
+        })?;
         match r {
             Some(h) => match validate_handle(&h, op) {
                 Ok(()) => Ok(Some(h)),
-                Err(e) => Err(providers::failure("provider-error", format!("provider `{}` returned an invalid handle for {}: {e}", req.provider, op.as_str()))),
+                Err(e) => Err(providers::failure(
+                    "provider-error",
+                    format!("provider `{}` returned an invalid handle for {}: {e}", req.provider, op.as_str()),
+                )),
             },
             None => Ok(None),
         }
@@ -553,7 +607,13 @@ impl Work {
                 self.finish(false);
             }
             Ok(None) => {
-                let _ = respond(&self.dir, &self.id, "start", &req.provider, Err(providers::failure("start-dispatch-abandoned", abandoned)));
+                let _ = respond(
+                    &self.dir,
+                    &self.id,
+                    "start",
+                    &req.provider,
+                    Err(providers::failure("start-dispatch-abandoned", abandoned)),
+                );
                 let _ = write_completed(&claim);
                 self.finish(false);
             }

@@ -239,7 +239,8 @@ impl Hooks {
         let Ok(bytes) = fsutil::read_nofollow(&record_path(dir), 1024 * 1024) else { return };
         let Ok(mut r) = serde_json::from_slice::<HookRecord>(&bytes) else { return };
         if r.ended_at.is_none() && r.error.is_none() {
-            r.error = Some("the daemon restarted while the hook ran; its outcome is unknown and it is not run again".into());
+            r.error =
+                Some("the daemon restarted while the hook ran; its outcome is unknown and it is not run again".into());
             tracing::warn!(run_id, hook = %r.hook, "a hook was interrupted by a daemon restart; not running it twice");
             let _ = write_record(dir, &r);
         }

@@ -170,8 +170,9 @@ impl Daemon {
             return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
         };
         let (tx, rx) = channel();
-        let watch = Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
-            .map_err(StartError::Config)?;
+        let watch =
+            Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
+                .map_err(StartError::Config)?;
         let pid = std::process::id();
         let now = crate::now_ms();
         let report = DaemonStatus {
@@ -280,7 +281,9 @@ impl Daemon {
                         }
                         Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
                     },
-                    Err(e) => tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable"),
+                    Err(e) => {
+                        tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
+                    }
                 }
                 continue;
             }
@@ -494,7 +497,10 @@ impl Daemon {
     fn storage_ok(&mut self) -> bool {
         let min = self.cfg.storage.min_free_bytes;
         let low = match crate::platform::free_space(&self.layout.root) {
-            Ok((bytes, _)) if bytes < min => Some(format!("{bytes} bytes free under {}, below storage.min_free_bytes = {min}", self.layout.root.display())),
+            Ok((bytes, _)) if bytes < min => Some(format!(
+                "{bytes} bytes free under {}, below storage.min_free_bytes = {min}",
+                self.layout.root.display()
+            )),
             Ok((_, 0)) => Some(format!("no free inodes under {}", self.layout.root.display())),
             _ => None,
         };
@@ -596,7 +602,8 @@ impl Daemon {
         }
         let dir = self.layout.run_dir(run_id);
         let control = RunPaths::control(&dir);
-        let Some(file) = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists()) else {
+        let Some(file) = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists())
+        else {
             return;
         };
         let Ok(Some(_lock)) = supervisor::take_runner_lock(&dir) else { return };
@@ -608,7 +615,11 @@ impl Daemon {
             if s.state != State::Queued {
                 return None;
             }
-            spool::skip_all(&mut s, crate::protocol::status::StepState::Stopped, "skipped: the run was stopped before it started");
+            spool::skip_all(
+                &mut s,
+                crate::protocol::status::StepState::Stopped,
+                "skipped: the run was stopped before it started",
+            );
             s.state = State::Stopped;
             s.stopped = true;
             s.ended_at = Some(now);
@@ -800,7 +811,13 @@ impl Daemon {
         r.storage = match degraded {
             Some(reason) => StorageInfo {
                 state: "degraded".into(),
-                since: Some(self.report.storage.since.filter(|_| self.report.storage.state == "degraded").unwrap_or_else(crate::now_ms)),
+                since: Some(
+                    self.report
+                        .storage
+                        .since
+                        .filter(|_| self.report.storage.state == "degraded")
+                        .unwrap_or_else(crate::now_ms),
+                ),
                 reason: Some(reason),
             },
             None => StorageInfo { state: "ok".into(), reason: None, since: None },

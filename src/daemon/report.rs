@@ -71,7 +71,8 @@ pub fn sd_notify(state: &str) {
         #[cfg(target_os = "linux")]
         {
             use std::os::linux::net::SocketAddrExt;
-            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
+                .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
         }
         #[cfg(not(target_os = "linux"))]
         {

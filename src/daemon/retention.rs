@@ -26,7 +26,9 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
                 continue;
             }
             let Ok(bytes) = std::fs::read(m.path()) else { continue };
-            let Ok(marker) = serde_json::from_slice::<crate::protocol::status::TerminalMarker>(&bytes) else { continue };
+            let Ok(marker) = serde_json::from_slice::<crate::protocol::status::TerminalMarker>(&bytes) else {
+                continue;
+            };
             let dir = l.run_dir(&marker.run_id);
             match run::read_status(&dir) {
                 Ok(Some(s)) if s.state == State::Paused || s.state.is_active() => continue,
@@ -36,7 +38,10 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
             }
             let _ = std::fs::remove_file(l.results().join(format!("{}.json", marker.run_id)));
             let _ = std::fs::remove_file(
-                l.results().join("result-index/sessions").join(seg(&marker.session_id)).join(format!("{}.json", seg250(&marker.run_id))),
+                l.results()
+                    .join("result-index/sessions")
+                    .join(seg(&marker.session_id))
+                    .join(format!("{}.json", seg250(&marker.run_id))),
             );
             if dir.exists() {
                 let tomb = l.runs().join(format!(".deleting-run-{}", uuid::Uuid::new_v4()));

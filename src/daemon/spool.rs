@@ -82,7 +82,10 @@ pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection>
     if md.uid() != uid {
         return reject_early(
             "bad-owner",
-            format!("{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests", md.uid()),
+            format!(
+                "{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests",
+                md.uid()
+            ),
         );
     }
     if md.nlink() != 1 {
@@ -230,7 +233,10 @@ impl Claimer<'_> {
                 if RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists() {
                     let r = Rejection::new(
                         "duplicate-run-id",
-                        format!("run id `{run_id}` is already used by {}; choose another runId or omit it", dir.display()),
+                        format!(
+                            "run id `{run_id}` is already used by {}; choose another runId or omit it",
+                            dir.display()
+                        ),
                     );
                     return self.reject(path, name, r, None);
                 }
@@ -302,7 +308,14 @@ impl Claimer<'_> {
 
     /// `reject` of the file identified by `seen` (device, inode): if the name
     /// was replaced meanwhile, the newcomer goes back to the spool instead.
-    fn reject_seen(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>, seen: Option<FileId>) -> Outcome {
+    fn reject_seen(
+        &mut self,
+        path: &Path,
+        name: &str,
+        r: Rejection,
+        run: Option<(String, Value)>,
+        seen: Option<FileId>,
+    ) -> Outcome {
         match reject_entry_seen(self.w, self.layout, path, name, &r, run, seen) {
             Ok(true) => Outcome::Rejected,
             Ok(false) => Outcome::Later,
@@ -388,7 +401,12 @@ pub struct FileId {
 
 impl FileId {
     pub fn of(md: &std::fs::Metadata) -> FileId {
-        FileId { dev: md.dev(), ino: md.ino(), size: md.len(), mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128 }
+        FileId {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+        }
     }
     pub fn same(&self, o: &FileId) -> bool {
         self.dev == o.dev && (self.ino == o.ino || (self.size == o.size && self.mtime_ns == o.mtime_ns))
@@ -461,7 +479,13 @@ fn reject_entry_seen(
     }
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     write_error_file(w, &err, &file, r)?;
-    tracing::warn!(request = name, run_id = run.as_ref().map(|(id, _)| id.as_str()), code = r.code, "rejected: {}", r.message);
+    tracing::warn!(
+        request = name,
+        run_id = run.as_ref().map(|(id, _)| id.as_str()),
+        code = r.code,
+        "rejected: {}",
+        r.message
+    );
     if let Some((run_id, body)) = run {
         // Not `exists()`: a dangling symlink there must not be written through.
         if std::fs::symlink_metadata(l.run_dir(&run_id)).is_err() {
@@ -530,7 +554,13 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
                     let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
                     fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
                     let mut ev = Writer::new();
-                    run::event(&mut ev, &dir, &run_id, "subagent.run.rejected", json!({"code": code, "message": message}));
+                    run::event(
+                        &mut ev,
+                        &dir,
+                        &run_id,
+                        "subagent.run.rejected",
+                        json!({"code": code, "message": message}),
+                    );
                 }
             }
             results::publish_result(&l, &status)?;
@@ -564,7 +594,10 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             {
-                Some(v) => Rejection::new(code_of(v["code"].as_str().unwrap_or("")), v["message"].as_str().unwrap_or("").to_string()),
+                Some(v) => Rejection::new(
+                    code_of(v["code"].as_str().unwrap_or("")),
+                    v["message"].as_str().unwrap_or("").to_string(),
+                ),
                 None => continue,
             }
         } else {
@@ -597,14 +630,28 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
 /// The static code string for a code read back from an error file.
 fn code_of(code: &str) -> &'static str {
     const CODES: [&str; 11] = [
-        "bad-name", "not-regular-file", "bad-owner", "bad-permissions", "too-large", "invalid-json",
-        "unsupported-version", "invalid-field", "duplicate-run-id", "cwd-missing", "unknown-provider",
+        "bad-name",
+        "not-regular-file",
+        "bad-owner",
+        "bad-permissions",
+        "too-large",
+        "invalid-json",
+        "unsupported-version",
+        "invalid-field",
+        "duplicate-run-id",
+        "cwd-missing",
+        "unknown-provider",
     ];
     CODES.iter().find(|c| **c == code).copied().unwrap_or("invalid-field")
 }
 
 fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
-    let unknown = || Rejection::new("invalid-json", "the reason for this rejection was lost in a crash; resubmit the request".to_string());
+    let unknown = || {
+        Rejection::new(
+            "invalid-json",
+            "the reason for this rejection was lost in a crash; resubmit the request".to_string(),
+        )
+    };
     if classify_name(name) == Name::Bad {
         return Rejection::new("bad-name", format!("the name `{}` is not a valid request name", name.escape_debug()));
     }

@@ -64,9 +64,28 @@ pub fn native_backend(os: &str) -> &'static str {
 pub fn is_remote_fs(fs: &str) -> bool {
     matches!(
         fs,
-        "nfs" | "nfs4" | "smb" | "smbfs" | "smb2" | "cifs" | "fuse" | "fuseblk" | "9p" | "afs" | "ceph"
-            | "gfs2" | "ocfs2" | "glusterfs" | "lustre" | "coda" | "ncpfs" | "webdav" | "osxfuse" | "macfuse"
-            | "vboxsf" | "virtiofs"
+        "nfs"
+            | "nfs4"
+            | "smb"
+            | "smbfs"
+            | "smb2"
+            | "cifs"
+            | "fuse"
+            | "fuseblk"
+            | "9p"
+            | "afs"
+            | "ceph"
+            | "gfs2"
+            | "ocfs2"
+            | "glusterfs"
+            | "lustre"
+            | "coda"
+            | "ncpfs"
+            | "webdav"
+            | "osxfuse"
+            | "macfuse"
+            | "vboxsf"
+            | "virtiofs"
     ) || fs.starts_with("fuse.")
 }
 
@@ -250,10 +269,20 @@ impl Watch {
         let (backend, choice) = if want_native {
             match native(&self.layout, self.tx.clone()) {
                 Ok(b) => (Some(b), self.choice.clone()),
-                Err(e) => (None, Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("{} failed again: {}", self.choice.backend, describe(&e)) }),
+                Err(e) => (
+                    None,
+                    Choice {
+                        strategy: Strategy::Poll,
+                        backend: "poll",
+                        reason: format!("{} failed again: {}", self.choice.backend, describe(&e)),
+                    },
+                ),
             }
         } else {
-            (None, Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("native watching failed: {why}") })
+            (
+                None,
+                Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("native watching failed: {why}") },
+            )
         };
         let backend = match backend {
             Some(b) => b,
@@ -284,12 +313,15 @@ fn describe(e: &notify::Error) -> String {
     match &e.kind {
         notify::ErrorKind::MaxFilesWatch => "the inotify watch limit is reached (fs.inotify.max_user_watches)".into(),
         notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::EMFILE) => {
-            "the inotify instance limit is reached (fs.inotify.max_user_instances) or no file descriptors are left".into()
+            "the inotify instance limit is reached (fs.inotify.max_user_instances) or no file descriptors are left"
+                .into()
         }
         notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
             "the inotify watch limit is reached (fs.inotify.max_user_watches)".into()
         }
-        notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOSYS) => "inotify is not supported by this kernel".into(),
+        notify::ErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOSYS) => {
+            "inotify is not supported by this kernel".into()
+        }
         _ => e.to_string(),
     }
 }

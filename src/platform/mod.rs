@@ -25,10 +25,7 @@ pub fn start_identity(pid: u32) -> Option<String> {
 }
 
 pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_string())
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".to_string())
 }
 
 /// Is a process with this pid alive (or a zombie)?
@@ -51,9 +48,7 @@ fn cstr(p: &Path) -> io::Result<CString> {
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (a, b) = (cstr(from)?, cstr(to)?);
     #[cfg(target_os = "linux")]
-    let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE)
-    };
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_NOREPLACE) };
     #[cfg(target_os = "macos")]
     let rc = unsafe { libc::renamex_np(a.as_ptr(), b.as_ptr(), libc::RENAME_EXCL) };
     #[cfg(not(any(target_os = "linux", target_os = "macos")))]
@@ -139,7 +134,5 @@ pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
 }
 
 pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("SIG{sig}"))
+    nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
 }

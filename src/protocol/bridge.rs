@@ -253,7 +253,10 @@ pub fn validate_handle(h: &Handle, op: Operation) -> Result<(), String> {
     check_opt("artifactPath", &h.artifact_path, MAX_URL)?;
     if let Some(o) = &h.output {
         if o.len() > MAX_OUTPUT {
-            return Err(format!("`output` is {} bytes; the limit is {MAX_OUTPUT} (1 MiB): return an artifactPath instead", o.len()));
+            return Err(format!(
+                "`output` is {} bytes; the limit is {MAX_OUTPUT} (1 MiB): return an artifactPath instead",
+                o.len()
+            ));
         }
         if o.contains('\0') {
             return Err("`output` contains a NUL character; remove it".into());
@@ -315,7 +318,10 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
         }
     })?;
     if r.id != stem {
-        return Err(format!("field `id` is `{}` but the file is named `{stem}.json`; they must match", r.id.escape_debug()));
+        return Err(format!(
+            "field `id` is `{}` but the file is named `{stem}.json`; they must match",
+            r.id.escape_debug()
+        ));
     }
     check_str("provider", &r.provider, MAX_ID)?;
     match r.operation {
@@ -391,7 +397,8 @@ mod tests {
         assert!(e.contains("providerJobId") && e.contains("white space"), "{e}");
         let e = parse_handle(br#"{"providerJobId":"1","state":"done"}"#, Operation::Status).unwrap_err();
         assert!(e.contains("state"), "{e}");
-        let e = parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x"}"#, Operation::Status).unwrap_err();
+        let e =
+            parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x"}"#, Operation::Status).unwrap_err();
         assert!(e.contains("result"), "{e}");
         assert!(parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x\n"}"#, Operation::Result).is_ok());
         let long = format!(r#"{{"providerJobId":"{}","state":"queued"}}"#, "x".repeat(257));

@@ -208,15 +208,14 @@ pub trait Context {
 /// Parse the bytes of a request. `Err(None)` means "not JSON at all" so the
 /// caller can apply the 2-second grace for writers still at work.
 pub fn parse(bytes: &[u8]) -> Result<Value, Rejection> {
-    serde_json::from_slice::<Value>(bytes)
-        .map_err(|e| Rejection::new("invalid-json", format!("the file is not valid JSON: {e}; rewrite it as one JSON object")))
+    serde_json::from_slice::<Value>(bytes).map_err(|e| {
+        Rejection::new("invalid-json", format!("the file is not valid JSON: {e}; rewrite it as one JSON object"))
+    })
 }
 
 /// Full validation of a parsed request (PROTOCOL §2.2).
 pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request, Rejection> {
-    let obj = value
-        .as_object()
-        .ok_or_else(|| Rejection::new("invalid-field", "the request must be a JSON object"))?;
+    let obj = value.as_object().ok_or_else(|| Rejection::new("invalid-field", "the request must be a JSON object"))?;
     match obj.get("version") {
         Some(Value::Number(n)) if n.as_u64() == Some(1) => {}
         Some(v) => {
@@ -225,12 +224,7 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
                 format!("field `version` is {v}; this daemon speaks protocol version 1: set \"version\": 1"),
             ))
         }
-        None => {
-            return Err(Rejection::new(
-                "unsupported-version",
-                "field `version` is missing; add \"version\": 1",
-            ))
-        }
+        None => return Err(Rejection::new("unsupported-version", "field `version` is missing; add \"version\": 1")),
     }
     if let Some(path) = find_nul(value, "") {
         return Err(Rejection::new("invalid-field", format!("field `{path}` contains a NUL character; remove it")));
@@ -499,7 +493,10 @@ mod tests {
     fn minimal_and_modes() {
         let r = v(r#"{"version":1,"cwd":"/","steps":[{"command":["true"]}]}"#).unwrap();
         assert_eq!(r.mode(), Mode::Single);
-        let r = v(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]},{"command":["b"]}],"concurrency":1}]}"#).unwrap();
+        let r = v(
+            r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]},{"command":["b"]}],"concurrency":1}]}"#,
+        )
+        .unwrap();
         assert_eq!(r.mode(), Mode::Parallel);
         assert_eq!(r.flat_steps().len(), 2);
         let r = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"]},{"command":["b"]}]}"#).unwrap();
@@ -515,26 +512,49 @@ mod tests {
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"rel","steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/nonexistent-xyz","steps":[{"command":["a"]}]}"#), "cwd-missing");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"k8s","prompt":"x"}}]}"#), "unknown-provider");
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"k8s","prompt":"x"}}]}"#),
+            "unknown-provider"
+        );
         assert!(v(r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"slurm","prompt":"x"}}]}"#).is_ok());
         assert_eq!(code(r#"{"version":1,"cwd":"/","cwd":"/","steps":[{"command":["a"]}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","env":{"A":"1","A":"2"},"steps":[{"command":["a"]}]}"#), "invalid-field");
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","env":{"A":"1","A":"2"},"steps":[{"command":["a"]}]}"#),
+            "invalid-field"
+        );
         assert_eq!(code(r#"{"version":1,"cwd":"/","env":{"1A":"1"},"steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":[""]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a\u0000"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"runId":"../x","cwd":"/","steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","priority":1001,"steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","timeoutMs":0,"steps":[{"command":["a"]}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","timeoutMs":604800001,"steps":[{"command":["a"]}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]}],"concurrency":65}]}"#), "invalid-field");
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","timeoutMs":604800001,"steps":[{"command":["a"]}]}"#),
+            "invalid-field"
+        );
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]}],"concurrency":65}]}"#),
+            "invalid-field"
+        );
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":"a"}]}"#), "invalid-field");
         let steps: Vec<String> = (0..257).map(|_| r#"{"command":["a"]}"#.to_string()).collect();
         assert_eq!(code(&format!(r#"{{"version":1,"cwd":"/","steps":[{}]}}"#, steps.join(","))), "invalid-field");
         // Duplicates are refused at every depth, not only where serde would notice.
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"command":["b"]}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"env":{"X":"1","X":"2"}}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]}],"parallel":[]}]}"#), "invalid-field");
-        assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"slurm","prompt":"x","options":{"a":1,"a":2}}}]}"#), "invalid-field");
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","steps":[{"command":["a"],"env":{"X":"1","X":"2"}}]}"#),
+            "invalid-field"
+        );
+        assert_eq!(
+            code(r#"{"version":1,"cwd":"/","steps":[{"parallel":[{"command":["a"]}],"parallel":[]}]}"#),
+            "invalid-field"
+        );
+        assert_eq!(
+            code(
+                r#"{"version":1,"cwd":"/","steps":[{"externalJob":{"provider":"slurm","prompt":"x","options":{"a":1,"a":2}}}]}"#
+            ),
+            "invalid-field"
+        );
         let deep = format!("{}{}", "[".repeat(10000), "]".repeat(10000));
         assert_eq!(code(&deep), "invalid-json");
     }

@@ -26,11 +26,7 @@ const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
 /// Whether `b` is left as is by JavaScript's `encodeURIComponent`:
 /// `A-Z a-z 0-9 - _ . ! ~ * ' ( )`.
 fn is_unreserved(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'-' | b'_' | b'.' | b'!' | b'~' | b'*' | b'\'' | b'(' | b')'
-        )
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'!' | b'~' | b'*' | b'\'' | b'(' | b')')
 }
 
 /// Percent-encodes `v` exactly as JavaScript's `encodeURIComponent` does
@@ -65,11 +61,7 @@ fn is_reserved_device_name(e: &str) -> bool {
     let b = e.as_bytes();
     // Length of the device-name prefix, if `e` starts with one.
     let prefix_len = if b.len() >= 3 {
-        let head = [
-            b[0].to_ascii_lowercase(),
-            b[1].to_ascii_lowercase(),
-            b[2].to_ascii_lowercase(),
-        ];
+        let head = [b[0].to_ascii_lowercase(), b[1].to_ascii_lowercase(), b[2].to_ascii_lowercase()];
         match &head {
             b"con" | b"prn" | b"aux" | b"nul" => Some(3),
             b"com" | b"lpt" if b.len() >= 4 && (b'1'..=b'9').contains(&b[3]) => Some(4),
@@ -87,9 +79,7 @@ fn is_reserved_device_name(e: &str) -> bool {
 
 /// Whether `e` contains `%5C` in any letter case.
 fn contains_encoded_backslash(e: &str) -> bool {
-    e.as_bytes()
-        .windows(3)
-        .any(|w| w[0] == b'%' && w[1] == b'5' && (w[2] == b'C' || w[2] == b'c'))
+    e.as_bytes().windows(3).any(|w| w[0] == b'%' && w[1] == b'5' && (w[2] == b'C' || w[2] == b'c'))
 }
 
 /// Whether `e` ends in `\.[A-Za-z][A-Za-z0-9]{0,7}` (a file-name extension).
@@ -154,11 +144,7 @@ mod tests {
 
     fn assert_hashed(v: &str) {
         assert_eq!(seg(v), hashed(v), "expected {v:?} to be hashed by seg");
-        assert_eq!(
-            seg250(v),
-            hashed(v),
-            "expected {v:?} to be hashed by seg250"
-        );
+        assert_eq!(seg250(v), hashed(v), "expected {v:?} to be hashed by seg250");
     }
 
     fn assert_plain(v: &str, expected: &str) {
@@ -170,14 +156,8 @@ mod tests {
 
     #[test]
     fn sha256_hex_known_vectors() {
-        assert_eq!(
-            sha256_hex(b""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-        assert_eq!(
-            sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     // ---- encode_uri_component ----
@@ -195,10 +175,7 @@ mod tests {
         assert_eq!(encode_uri_component("%"), "%25");
         assert_eq!(encode_uri_component("\\"), "%5C");
         assert_eq!(encode_uri_component("?#&;:,@$"), "%3F%23%26%3B%3A%2C%40%24");
-        assert_eq!(
-            encode_uri_component("\"<>[]{}|^`"),
-            "%22%3C%3E%5B%5D%7B%7D%7C%5E%60"
-        );
+        assert_eq!(encode_uri_component("\"<>[]{}|^`"), "%22%3C%3E%5B%5D%7B%7D%7C%5E%60");
         assert_eq!(encode_uri_component("\0\n\x7f"), "%00%0A%7F");
     }
 
@@ -241,10 +218,7 @@ mod tests {
     #[test]
     fn hashed_form_shape() {
         let s = seg("");
-        assert_eq!(
-            s,
-            "~sha256-e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(s, "~sha256-e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         assert_eq!(s.len(), 8 + 64);
     }
 

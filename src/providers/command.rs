@@ -32,7 +32,9 @@ impl Provider for CommandProvider {
         let name = &self.name;
         let input = match (c.op, c.start) {
             (Operation::Start, Some(s)) => serde_json::to_vec(s).unwrap_or_default(),
-            (Operation::Start, None) => return Err(failure("malformed-request", "a start request without its `start` object")),
+            (Operation::Start, None) => {
+                return Err(failure("malformed-request", "a start request without its `start` object"))
+            }
             (_, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
         };
         let mut argv = self.argv.clone();

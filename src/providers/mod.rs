@@ -119,11 +119,7 @@ pub fn run_bounded(
     max_stdout: usize,
 ) -> std::io::Result<Output> {
     let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     for k in crate::runner::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
@@ -196,8 +192,11 @@ pub fn run_bounded(
     // A background grandchild may hold the pipes open: wait for them only
     // until the deadline (plus a moment), then go on without the rest.
     let grace = deadline.max(Instant::now()) + Duration::from_millis(200);
-    let (stdout, stdout_truncated) = orx.recv_timeout(grace.saturating_duration_since(Instant::now())).unwrap_or_default();
-    let stderr_tail = erx.recv_timeout(grace.saturating_duration_since(Instant::now()) + Duration::from_millis(50)).unwrap_or_default();
+    let (stdout, stdout_truncated) =
+        orx.recv_timeout(grace.saturating_duration_since(Instant::now())).unwrap_or_default();
+    let stderr_tail = erx
+        .recv_timeout(grace.saturating_duration_since(Instant::now()) + Duration::from_millis(50))
+        .unwrap_or_default();
     Ok(Output { status, stdout, stdout_truncated, stderr_tail, timed_out, pgid })
 }
 

@@ -38,7 +38,9 @@ pub fn map_state(raw: &str) -> Option<JobState> {
         "PENDING" | "REQUEUED" | "REQUEUE_FED" | "REQUEUE_HOLD" | "RESV_DEL_HOLD" | "SPECIAL_EXIT" | "CONFIGURING" => {
             JobState::Queued
         }
-        "RUNNING" | "COMPLETING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT" | "RESIZING" => JobState::Running,
+        "RUNNING" | "COMPLETING" | "SUSPENDED" | "STOPPED" | "SIGNALING" | "STAGE_OUT" | "RESIZING" => {
+            JobState::Running
+        }
         "COMPLETED" => JobState::Completed,
         "CANCELLED" => JobState::Stopped,
         "FAILED" | "TIMEOUT" | "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" | "DEADLINE" | "OUT_OF_MEMORY" | "REVOKED" => {
@@ -150,7 +152,14 @@ impl Slurm {
         if ok {
             if let Some(line) = out.lines().find(|l| l.split('|').next() == Some(id)) {
                 let f: Vec<&str> = line.split('|').collect();
-                found = Some(JobInfo { id: id.into(), state: f[1].to_string(), exit_code: None, reason: f.get(2).map(|s| s.to_string()), name: None, user: None });
+                found = Some(JobInfo {
+                    id: id.into(),
+                    state: f[1].to_string(),
+                    exit_code: None,
+                    reason: f.get(2).map(|s| s.to_string()),
+                    name: None,
+                    user: None,
+                });
             }
         } else if !err.contains("Invalid job id") {
             tracing::debug!(job = id, stderr = %err.trim(), "squeue failed; asking scontrol");
@@ -158,7 +167,8 @@ impl Slurm {
         // The exit code of a finished job comes from scontrol, which also knows
         // jobs squeue has already dropped.
         if found.as_ref().is_none_or(|j| map_state(&j.state).is_some_and(|s| s.is_terminal())) {
-            let (ok, out, err) = self.run("scontrol", &["-o".into(), "show".into(), "job".into(), id.into()], deadline)?;
+            let (ok, out, err) =
+                self.run("scontrol", &["-o".into(), "show".into(), "job".into(), id.into()], deadline)?;
             if ok {
                 unreachable = None;
                 if let Some(j) = parse_scontrol(&out).into_iter().find(|j| j.id == id) {
@@ -171,13 +181,21 @@ impl Slurm {
         if found.is_some() {
             return Ok(found);
         }
-        let args: Vec<String> = ["-X", "-n", "-P", "-j", id, "-o", "JobID,State,ExitCode"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> =
+            ["-X", "-n", "-P", "-j", id, "-o", "JobID,State,ExitCode"].iter().map(|s| s.to_string()).collect();
         let (ok, out, _) = self.run("sacct", &args, deadline)?;
         if ok {
             for line in out.lines() {
                 let f: Vec<&str> = line.split('|').collect();
                 if f.len() >= 3 && f[0] == id {
-                    return Ok(Some(JobInfo { id: id.into(), state: f[1].into(), exit_code: Some(f[2].into()), reason: None, name: None, user: None }));
+                    return Ok(Some(JobInfo {
+                        id: id.into(),
+                        state: f[1].into(),
+                        exit_code: Some(f[2].into()),
+                        reason: None,
+                        name: None,
+                        user: None,
+                    }));
                 }
             }
         }
@@ -189,7 +207,13 @@ impl Slurm {
 
     fn handle_for(&self, j: &JobInfo) -> Result<Handle, ProviderError> {
         let state = map_state(&j.state).ok_or_else(|| {
-            failure("provider-error", format!("providers.{}: Slurm job {} is in state `{}`, which runspool does not know", self.name, j.id, j.state))
+            failure(
+                "provider-error",
+                format!(
+                    "providers.{}: Slurm job {} is in state `{}`, which runspool does not know",
+                    self.name, j.id, j.state
+                ),
+            )
         })?;
         let mut h = Handle::new(j.id.clone(), state);
         let slurm_state = j.state.split_whitespace().next().unwrap_or("").to_string();
@@ -235,8 +259,10 @@ impl Slurm {
     /// Jobs of ours named `name`: squeue (all states), then scontrol, then sacct.
     fn find_by_name(&self, name: &str, deadline: Instant) -> Result<Vec<JobInfo>, ProviderError> {
         let uid = nix::unistd::getuid().as_raw().to_string();
-        let args: Vec<String> =
-            ["-h", "-t", "all", "-u", &uid, "--name", name, "-o", "%i|%T|%j|%r"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["-h", "-t", "all", "-u", &uid, "--name", name, "-o", "%i|%T|%j|%r"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let (ok, out, err) = self.run("squeue", &args, deadline)?;
         if !ok {
             // Without a reliable answer a second job could be submitted: refuse instead.
@@ -246,7 +272,14 @@ impl Slurm {
             .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split('|').collect();
-                (f.len() >= 3 && f[2] == name).then(|| JobInfo { id: f[0].into(), state: f[1].into(), exit_code: None, reason: f.get(3).map(|s| s.to_string()), name: None, user: None })
+                (f.len() >= 3 && f[2] == name).then(|| JobInfo {
+                    id: f[0].into(),
+                    state: f[1].into(),
+                    exit_code: None,
+                    reason: f.get(3).map(|s| s.to_string()),
+                    name: None,
+                    user: None,
+                })
             })
             .collect();
         if jobs.is_empty() {
@@ -262,13 +295,23 @@ impl Slurm {
         }
         if jobs.is_empty() {
             let args: Vec<String> =
-                ["-X", "-n", "-P", "-u", &uid, "--name", name, "-S", "now-30days", "-o", "JobID,State,ExitCode"].iter().map(|s| s.to_string()).collect();
+                ["-X", "-n", "-P", "-u", &uid, "--name", name, "-S", "now-30days", "-o", "JobID,State,ExitCode"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
             // Accounting may be disabled; then sacct has nothing to add.
             if let (true, out, _) = self.run("sacct", &args, deadline)? {
                 for l in out.lines() {
                     let f: Vec<&str> = l.split('|').collect();
                     if f.len() >= 3 {
-                        jobs.push(JobInfo { id: f[0].into(), state: f[1].into(), exit_code: Some(f[2].into()), reason: None, name: None, user: None });
+                        jobs.push(JobInfo {
+                            id: f[0].into(),
+                            state: f[1].into(),
+                            exit_code: Some(f[2].into()),
+                            reason: None,
+                            name: None,
+                            user: None,
+                        });
                     }
                 }
             }
@@ -293,7 +336,12 @@ impl Slurm {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))
             })
-            .map_err(|e| failure("provider-error", format!("providers.{}: cannot write the batch script {}: {e}", self.name, script.display())))?;
+            .map_err(|e| {
+                failure(
+                    "provider-error",
+                    format!("providers.{}: cannot write the batch script {}: {e}", self.name, script.display()),
+                )
+            })?;
         let mut args = vec![
             "--parsable".to_string(),
             format!("--job-name={name}"),
@@ -314,7 +362,12 @@ impl Slurm {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(failure(
                 "provider-error",
-                format!("providers.{}: sbatch --parsable printed `{}`, not a job id; stderr: {}", self.name, tail_text(&out, 200), tail_text(&err, 500)),
+                format!(
+                    "providers.{}: sbatch --parsable printed `{}`, not a job id; stderr: {}",
+                    self.name,
+                    tail_text(&out, 200),
+                    tail_text(&err, 500)
+                ),
             ));
         }
         tracing::info!(provider = %self.name, job = %id, job_name = %name, "submitted a Slurm job");
@@ -344,7 +397,10 @@ impl Slurm {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => h.output = Some(String::new()),
             Err(e) => {
-                return Err(failure("provider-error", format!("providers.{}: cannot read the job output {}: {e}", self.name, path.display())))
+                return Err(failure(
+                    "provider-error",
+                    format!("providers.{}: cannot read the job output {}: {e}", self.name, path.display()),
+                ))
             }
         }
         Ok(h)
@@ -410,7 +466,14 @@ fn parse_scontrol(out: &str) -> Vec<JobInfo> {
             line.split(' ').find_map(|tok| tok.strip_prefix(pat.as_str())).map(str::to_string)
         };
         let (Some(id), Some(state)) = (get("JobId"), get("JobState")) else { continue };
-        v.push(JobInfo { id, state, exit_code: get("ExitCode"), reason: get("Reason"), name: get("JobName"), user: get("UserId") });
+        v.push(JobInfo {
+            id,
+            state,
+            exit_code: get("ExitCode"),
+            reason: get("Reason"),
+            name: get("JobName"),
+            user: get("UserId"),
+        });
     }
     v
 }
@@ -451,8 +514,10 @@ mod tests {
 
     #[test]
     fn options_map_to_flags() {
-        let o: serde_json::Map<String, Value> =
-            serde_json::from_str(r#"{"partition":"debug","account":"lab","timeLimit":"00:10:00","cpus":2,"memory":"512M"}"#).unwrap();
+        let o: serde_json::Map<String, Value> = serde_json::from_str(
+            r#"{"partition":"debug","account":"lab","timeLimit":"00:10:00","cpus":2,"memory":"512M"}"#,
+        )
+        .unwrap();
         let f = sbatch_flags(&o).unwrap();
         assert_eq!(f, vec!["--partition=debug", "--account=lab", "--time=00:10:00", "--cpus-per-task=2", "--mem=512M"]);
         let o: serde_json::Map<String, Value> = serde_json::from_str(r#"{"gpus":1}"#).unwrap();

@@ -36,7 +36,10 @@ const MAX_STATUS_ERRORS: u32 = 30;
 /// What the driver thread reports to the runner loop.
 pub(super) enum Event {
     /// `steps[i].externalJob` changed; `line` goes to the step's output log.
-    Update { job: Value, line: Option<String> },
+    Update {
+        job: Value,
+        line: Option<String>,
+    },
     Done(Outcome),
 }
 
@@ -91,7 +94,13 @@ enum Plan {
 
 impl Runner {
     /// Start (or reattach) external step `i`. None when it failed at once.
-    pub(super) fn spawn_external(&mut self, i: usize, step: &Step, job: &ExternalJob, started: Instant) -> Option<Running> {
+    pub(super) fn spawn_external(
+        &mut self,
+        i: usize,
+        step: &Step,
+        job: &ExternalJob,
+        started: Instant,
+    ) -> Option<Running> {
         let now = crate::now_ms();
         let dg = digest(&job.prompt);
         let previous = self.status.steps[i].external_job.clone();
@@ -156,7 +165,10 @@ impl Runner {
         };
         for d in [REQUESTS, RESPONSES] {
             if let Err(e) = fsutil::mkdir_private(&self.dir.join(d)) {
-                let msg = format!("cannot create {}: {e}; check the run directory's permissions and free space", self.dir.join(d).display());
+                let msg = format!(
+                    "cannot create {}: {e}; check the run directory's permissions and free space",
+                    self.dir.join(d).display()
+                );
                 self.fail_unstarted(i, &agent, &out, 1, msg, Some(Value::Object(ej)));
                 return None;
             }
@@ -248,7 +260,8 @@ impl Runner {
             st.status = StepState::Failed;
             st.timed_out = Some(true);
             st.exit_code = Some(1);
-            st.error = Some(format!("step timed out after {dur} ms{}", note.map(|n| format!("; {n}")).unwrap_or_default()));
+            st.error =
+                Some(format!("step timed out after {dur} ms{}", note.map(|n| format!("; {n}")).unwrap_or_default()));
             self.step_timed_out = true;
             "failed"
         } else if o.kind == Kind::Completed && halt.is_none() {
@@ -288,7 +301,10 @@ impl Runner {
         let code = self.status.steps[i].exit_code.unwrap_or(1);
         self.save();
         self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": o.job}));
-        self.ev(&format!("subagent.step.{kind}"), json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}));
+        self.ev(
+            &format!("subagent.step.{kind}"),
+            json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
+        );
     }
 }
 
@@ -382,7 +398,9 @@ impl Driver {
     fn drive(&mut self, plan: Plan) -> Outcome {
         let first = match &plan {
             Plan::Start(id) => self.request(id.clone(), Operation::Start, None, false),
-            Plan::Reattach(jid) => self.request(request_id(Operation::Reattach, self.i), Operation::Reattach, Some(jid.clone()), true),
+            Plan::Reattach(jid) => {
+                self.request(request_id(Operation::Reattach, self.i), Operation::Reattach, Some(jid.clone()), true)
+            }
         };
         let h = match first {
             Ok(h) => h,
@@ -398,7 +416,12 @@ impl Driver {
         };
         let verb = if matches!(plan, Plan::Start(_)) { "started" } else { "reattached to" };
         self.apply(&h);
-        self.publish(Some(format!("{verb} job {} on provider `{}` ({})", h.provider_job_id, self.provider, h.state.as_str())));
+        self.publish(Some(format!(
+            "{verb} job {} on provider `{}` ({})",
+            h.provider_job_id,
+            self.provider,
+            h.state.as_str()
+        )));
         let jid = h.provider_job_id.clone();
         let mut state = h.state;
         let mut errors = 0;
@@ -425,16 +448,29 @@ impl Driver {
                 Err(Fail::Interrupted) => {}
                 Err(Fail::Bridge { code, message }) => {
                     errors += 1;
-                    let _ = fsutil::append_line(&self.out, format!("runspool: status of job {jid} failed ({errors}/{MAX_STATUS_ERRORS}): {code}: {message}").as_bytes());
+                    let _ = fsutil::append_line(
+                        &self.out,
+                        format!(
+                            "runspool: status of job {jid} failed ({errors}/{MAX_STATUS_ERRORS}): {code}: {message}"
+                        )
+                        .as_bytes(),
+                    );
                     if errors >= MAX_STATUS_ERRORS {
-                        return self.bridge_failure(&code, &format!("{message} (after {errors} failed status requests for job {jid})"));
+                        return self.bridge_failure(
+                            &code,
+                            &format!("{message} (after {errors} failed status requests for job {jid})"),
+                        );
                     }
                 }
             }
         }
         if state == JobState::Stopped {
             let why = self.job.get("failureMessage").and_then(Value::as_str).unwrap_or("no reason given").to_string();
-            return self.outcome(Kind::Failed, Some(format!("external job {jid} ({}) was stopped outside runspool: {why}", self.provider)), None);
+            return self.outcome(
+                Kind::Failed,
+                Some(format!("external job {jid} ({}) was stopped outside runspool: {why}", self.provider)),
+                None,
+            );
         }
         let output_file = self.fetch_result(&jid);
         if state == JobState::Completed {
@@ -442,7 +478,11 @@ impl Driver {
         }
         let why = self.job.get("failureMessage").and_then(Value::as_str).unwrap_or("no reason given").to_string();
         let code = self.job.get("failureCode").and_then(Value::as_str).map(|c| format!(" [{c}]")).unwrap_or_default();
-        self.outcome(Kind::Failed, Some(format!("external job {jid} ({}) failed: {why}{code}", self.provider)), output_file)
+        self.outcome(
+            Kind::Failed,
+            Some(format!("external job {jid} ({}) failed: {why}{code}", self.provider)),
+            output_file,
+        )
     }
 
     /// Ask for the result and store it; returns the step's output file.
@@ -461,13 +501,19 @@ impl Driver {
                         Some(path.display().to_string())
                     }
                     Err(e) => {
-                        let _ = fsutil::append_line(&self.out, format!("runspool: cannot write {}: {e}", path.display()).as_bytes());
+                        let _ = fsutil::append_line(
+                            &self.out,
+                            format!("runspool: cannot write {}: {e}", path.display()).as_bytes(),
+                        );
                         None
                     }
                 }
             }
             Err(Fail::Bridge { code, message }) => {
-                let _ = fsutil::append_line(&self.out, format!("runspool: result of job {jid} failed: {code}: {message}").as_bytes());
+                let _ = fsutil::append_line(
+                    &self.out,
+                    format!("runspool: result of job {jid} failed: {code}: {message}").as_bytes(),
+                );
                 None
             }
             Err(Fail::Interrupted) => None,
@@ -477,8 +523,15 @@ impl Driver {
     /// A cancel or detach is pending for job `jid`.
     fn halted(&mut self, jid: &str) -> Outcome {
         if self.pending == Some(Ctl::Detach) {
-            let _ = fsutil::append_line(&self.out, format!("runspool: detached from job {jid}; it keeps running").as_bytes());
-            return self.outcome(Kind::Detached, Some(format!("detached from external job {jid}, which keeps running")), None);
+            let _ = fsutil::append_line(
+                &self.out,
+                format!("runspool: detached from job {jid}; it keeps running").as_bytes(),
+            );
+            return self.outcome(
+                Kind::Detached,
+                Some(format!("detached from external job {jid}, which keeps running")),
+                None,
+            );
         }
         match self.request(request_id(Operation::Cancel, self.i), Operation::Cancel, Some(jid.to_string()), false) {
             Ok(h) => {
@@ -490,17 +543,26 @@ impl Driver {
                 self.outcome(Kind::Cancelled, None, None)
             }
             Err(Fail::Bridge { code, message }) => {
-                let msg = format!("cancelling external job {jid} failed: {code}: {message}; cancel it on the engine by hand");
+                let msg =
+                    format!("cancelling external job {jid} failed: {code}: {message}; cancel it on the engine by hand");
                 let _ = fsutil::append_line(&self.out, format!("runspool: {msg}").as_bytes());
                 self.outcome(Kind::Cancelled, Some(msg), None)
             }
-            Err(Fail::Interrupted) => self.outcome(Kind::Cancelled, Some(format!("cancelling external job {jid} got no answer")), None),
+            Err(Fail::Interrupted) => {
+                self.outcome(Kind::Cancelled, Some(format!("cancelling external job {jid} got no answer")), None)
+            }
         }
     }
 
     /// Write a request and wait for its answer. `interruptible`: give up when
     /// a cancel or detach arrives. Once a stop is pending, waits are bounded.
-    fn request(&mut self, id: String, op: Operation, job_id: Option<String>, interruptible: bool) -> Result<Handle, Fail> {
+    fn request(
+        &mut self,
+        id: String,
+        op: Operation,
+        job_id: Option<String>,
+        interruptible: bool,
+    ) -> Result<Handle, Fail> {
         let req = Request {
             id: id.clone(),
             operation: op,
@@ -592,8 +654,14 @@ fn answer(r: Response, op: Operation) -> Result<Handle, Fail> {
         });
     }
     let Some(h) = r.result else {
-        return Err(Fail::Bridge { code: "provider-error".into(), message: format!("the answer to {} has ok: true but no result", op.as_str()) });
+        return Err(Fail::Bridge {
+            code: "provider-error".into(),
+            message: format!("the answer to {} has ok: true but no result", op.as_str()),
+        });
     };
-    validate_handle(&h, op).map_err(|e| Fail::Bridge { code: "provider-error".into(), message: format!("invalid handle in the answer to {}: {e}", op.as_str()) })?;
+    validate_handle(&h, op).map_err(|e| Fail::Bridge {
+        code: "provider-error".into(),
+        message: format!("invalid handle in the answer to {}: {e}", op.as_str()),
+    })?;
     Ok(h)
 }

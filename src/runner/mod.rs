@@ -92,8 +92,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         return Ok(0);
     };
     let raw = fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)?;
-    let req: Request = serde_json::from_slice(&raw)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
+    let req: Request =
+        serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let (tx, rx) = channel();
     let mut w = Writer::new();
     let now = crate::now_ms();
@@ -202,7 +202,9 @@ impl Runner {
     /// Consume control files in the order stop, timeout, interrupt.
     fn check_control(&mut self) {
         let control = RunPaths::control(&self.dir);
-        for (name, kind) in [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)] {
+        for (name, kind) in
+            [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)]
+        {
             let p = control.join(name);
             let Ok(bytes) = fsutil::read_nofollow(&p, 64 * 1024) else { continue };
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(json!({}));
@@ -392,7 +394,15 @@ impl Runner {
 
     /// A step that could not start: its reason goes to its log and status,
     /// with `code` as its exit code (and the external job's record, if any).
-    pub(crate) fn fail_unstarted(&mut self, i: usize, agent: &str, out: &Path, code: i32, msg: String, job: Option<serde_json::Value>) {
+    pub(crate) fn fail_unstarted(
+        &mut self,
+        i: usize,
+        agent: &str,
+        out: &Path,
+        code: i32,
+        msg: String,
+        job: Option<serde_json::Value>,
+    ) {
         self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
         let _ = fsutil::append_line(out, format!("runspool: {msg}").as_bytes());
         let st = &mut self.status.steps[i];
@@ -556,7 +566,9 @@ impl Runner {
         let mut waited = 0u64;
         while !self.w.flush() {
             if waited % 60 == 0 {
-                crate::note!("storage full: the terminal status is kept in memory and retried every second ({waited} s so far)");
+                crate::note!(
+                    "storage full: the terminal status is kept in memory and retried every second ({waited} s so far)"
+                );
             }
             std::thread::sleep(Duration::from_secs(1));
             waited += 1;

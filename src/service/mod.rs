@@ -56,14 +56,18 @@ pub fn render_plist(args: &[String], log: &Path) -> String {
     let template = include_str!("../../launchd/dev.runspool.daemon.plist");
     let program: String = args.iter().map(|a| format!("    <string>{}</string>\n", xml_escape(a))).collect();
     let start = template.find("  <key>ProgramArguments</key>").expect("template has ProgramArguments");
-    let end = template[start..].find("</array>").map(|i| start + i + "</array>\n".len()).expect("template closes the array");
+    let end =
+        template[start..].find("</array>").map(|i| start + i + "</array>\n".len()).expect("template closes the array");
     let mut out = String::new();
     out.push_str(&template[..start]);
     out.push_str("  <key>ProgramArguments</key>\n  <array>\n");
     out.push_str(&program);
     out.push_str("  </array>\n");
     out.push_str(&template[end..]);
-    out.replace("<string>/tmp/runspool.stderr.log</string>", &format!("<string>{}</string>", xml_escape(&log.display().to_string())))
+    out.replace(
+        "<string>/tmp/runspool.stderr.log</string>",
+        &format!("<string>{}</string>", xml_escape(&log.display().to_string())),
+    )
 }
 
 /// Where a distribution package installs the user unit (the deb and the RPM
@@ -135,18 +139,22 @@ pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32
         std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create {}", log_dir.display()))?;
         let path = plist_path()?;
         std::fs::create_dir_all(path.parent().unwrap()).ok();
-        std::fs::write(&path, render_plist(&args, &log_dir.join("runspool.log"))).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(&path, render_plist(&args, &log_dir.join("runspool.log")))
+            .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("runspool: wrote {}", path.display());
         must(Command::new("launchctl").args(["bootstrap", &launchd_domain()]).arg(&path))?;
         eprintln!("runspool: loaded {LAUNCHD_LABEL}; logs in {}", log_dir.display());
         return Ok(0);
     }
     let path = unit_path()?;
-    std::fs::create_dir_all(path.parent().unwrap()).with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
+    std::fs::create_dir_all(path.parent().unwrap())
+        .with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
     std::fs::write(&path, render_unit(&args)).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: wrote {}", path.display());
     if Path::new(PACKAGED_UNIT).exists() {
-        eprintln!("runspool: note: it overrides the packaged {PACKAGED_UNIT} (`runspool service uninstall` removes it again)");
+        eprintln!(
+            "runspool: note: it overrides the packaged {PACKAGED_UNIT} (`runspool service uninstall` removes it again)"
+        );
     }
     must(&mut systemctl(&["daemon-reload"]))?;
     must(&mut systemctl(&["enable", UNIT_NAME]))?;
@@ -216,9 +224,9 @@ pub fn status_json() -> anyhow::Result<i32> {
         v.get("state").and_then(|s| s.as_str()) == Some("running")
     } else {
         const PROPS: &str = "LoadState,UnitFileState,ActiveState,SubState,Result,MainPID,NRestarts,StatusText,ActiveEnterTimestamp,FragmentPath";
-        let o = systemctl(&["show", UNIT_NAME, "-p", PROPS])
-            .output()
-            .context("cannot run systemctl --user; is systemd installed and a user manager running (XDG_RUNTIME_DIR)?")?;
+        let o = systemctl(&["show", UNIT_NAME, "-p", PROPS]).output().context(
+            "cannot run systemctl --user; is systemd installed and a user manager running (XDG_RUNTIME_DIR)?",
+        )?;
         if !o.status.success() {
             bail!("systemctl --user show {UNIT_NAME} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
         }
@@ -260,9 +268,18 @@ mod tests {
 
     #[test]
     fn unit_has_the_binary_root_and_config() {
-        let args = daemon_args(Path::new("/opt/run spool/bin/runspool"), Some(Path::new("/home/a/rs")), Some(Path::new("/home/a/c.toml")));
+        let args = daemon_args(
+            Path::new("/opt/run spool/bin/runspool"),
+            Some(Path::new("/home/a/rs")),
+            Some(Path::new("/home/a/c.toml")),
+        );
         let unit = render_unit(&args);
-        assert!(unit.contains("ExecStart=\"/opt/run spool/bin/runspool\" daemon --root /home/a/rs --config /home/a/c.toml\n"), "{unit}");
+        assert!(
+            unit.contains(
+                "ExecStart=\"/opt/run spool/bin/runspool\" daemon --root /home/a/rs --config /home/a/c.toml\n"
+            ),
+            "{unit}"
+        );
         assert!(unit.contains("Type=notify") && unit.contains("KillMode=process") && unit.contains("WatchdogSec="));
         assert_eq!(unit.matches("ExecStart=").count(), 1);
     }

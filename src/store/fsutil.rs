@@ -70,12 +70,7 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 
 fn temp_name(target: &Path) -> PathBuf {
     let base = target.file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
-    let tail = format!(
-        ".{}.{}.{:08x}.tmp",
-        std::process::id(),
-        crate::now_ms(),
-        uuid::Uuid::new_v4().as_u128() as u32
-    );
+    let tail = format!(".{}.{}.{:08x}.tmp", std::process::id(), crate::now_ms(), uuid::Uuid::new_v4().as_u128() as u32);
     let name = if 1 + base.len() + tail.len() > 255 {
         format!(".{}{}", crate::protocol::seg::sha256_hex(base.as_bytes()), tail)
     } else {
@@ -178,7 +173,11 @@ pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
 /// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
 pub fn lock_held(path: &Path) -> io::Result<bool> {
     // O_NONBLOCK: a FIFO planted as a lock file must not hang the caller.
-    let f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path) {
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
@@ -190,10 +189,8 @@ pub fn lock_held(path: &Path) -> io::Result<bool> {
 /// Anything but a regular file (a FIFO, a device planted in its place) is
 /// refused without blocking.
 pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
+    let f =
+        OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
     if !f.metadata()?.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
     }

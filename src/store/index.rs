@@ -39,9 +39,7 @@ pub fn unmark_active(l: &Layout, run_id: &str, tool_call_id: Option<&str>) -> io
 }
 
 pub fn terminal_marker_path(l: &Layout, s: &Status) -> PathBuf {
-    l.terminal()
-        .join(seg(&s.session_id))
-        .join(terminal_marker_name(s.ended_at.unwrap_or(s.last_update), &s.run_id))
+    l.terminal().join(seg(&s.session_id)).join(terminal_marker_name(s.ended_at.unwrap_or(s.last_update), &s.run_id))
 }
 
 pub fn mark_terminal(l: &Layout, s: &Status) -> io::Result<()> {
@@ -96,7 +94,9 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
     let sessions: Vec<PathBuf> = match session {
         Some(s) => vec![l.terminal().join(seg(s))],
         None => match std::fs::read_dir(l.terminal()) {
-            Ok(d) => d.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()).collect(),
+            Ok(d) => {
+                d.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()).collect()
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => vec![],
             Err(e) => return Err(e),
         },
@@ -125,7 +125,12 @@ pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Resul
 /// Up to `limit` valid runs from (marker name, session index) candidates,
 /// newest first; bad or repeated markers are removed. The flag: every
 /// candidate was looked at.
-fn newest_valid(l: &Layout, sessions: &[PathBuf], mut names: Vec<(String, usize)>, limit: usize) -> (Vec<Status>, bool) {
+fn newest_valid(
+    l: &Layout,
+    sessions: &[PathBuf],
+    mut names: Vec<(String, usize)>,
+    limit: usize,
+) -> (Vec<Status>, bool) {
     // Names start with the zero-padded end time: descending name order is newest first.
     names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut seen = std::collections::HashSet::new();
@@ -192,7 +197,8 @@ fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
     if let Some(cp) = &cache_path {
         if let Ok(bytes) = fsutil::read_nofollow(cp, 1 << 20) {
             if let Ok(c) = serde_json::from_slice::<RecentCache>(&bytes) {
-                let fresh = c.version == 1 && c.ino == md.ino() && c.ctime_sec == md.ctime() && c.ctime_nsec == md.ctime_nsec();
+                let fresh =
+                    c.version == 1 && c.ino == md.ino() && c.ctime_sec == md.ctime() && c.ctime_nsec == md.ctime_nsec();
                 if fresh && (want <= c.names.len() || c.total == c.names.len()) {
                     let all = c.total <= want;
                     let mut names = c.names;
@@ -213,9 +219,17 @@ fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
     names.sort_unstable_by(|a, b| b.cmp(a));
     let quiet = crate::now_ms() / 1000 - md.ctime() > CACHE_QUIET_SECS;
     if let (Some(cp), true) = (&cache_path, quiet) {
-        let c = RecentCache { version: 1, ino: md.ino(), ctime_sec: md.ctime(), ctime_nsec: md.ctime_nsec(), total, names: names.clone() };
+        let c = RecentCache {
+            version: 1,
+            ino: md.ino(),
+            ctime_sec: md.ctime(),
+            ctime_nsec: md.ctime_nsec(),
+            total,
+            names: names.clone(),
+        };
         if let Ok(bytes) = serde_json::to_vec(&c) {
-            let _ = fsutil::mkdir_private_all(&l.daemon_dir().join("recent-cache")).and_then(|_| fsutil::write_atomic(cp, &bytes, false));
+            let _ = fsutil::mkdir_private_all(&l.daemon_dir().join("recent-cache"))
+                .and_then(|_| fsutil::write_atomic(cp, &bytes, false));
         }
     }
     let all = total <= want;

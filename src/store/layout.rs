@@ -26,7 +26,8 @@ impl Layout {
         if let Some(p) = config_root {
             return Layout::new(p);
         }
-        let tmp = std::env::var_os("TMPDIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
+        let tmp =
+            std::env::var_os("TMPDIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
         Layout::new(tmp.join(format!("pi-subagents-uid-{}", nix::unistd::getuid())))
     }
 

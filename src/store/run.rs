@@ -13,9 +13,9 @@ use crate::protocol::status::Status;
 /// Read status.json (or None if missing). A status that does not parse is an error.
 pub fn read_status(run_dir: &Path) -> io::Result<Option<Status>> {
     match fsutil::read_nofollow(&RunPaths::status(run_dir), 16 * 1024 * 1024) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", RunPaths::status(run_dir).display()))),
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", RunPaths::status(run_dir).display()))
+        }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }

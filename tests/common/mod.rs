@@ -148,11 +148,42 @@ pub fn seg250(v: &str) -> String {
 /// transcription of 6.3 on a spread of inputs.
 pub fn seg_examples_hold() {
     let samples = [
-        "call/a+b=", "", ".", "..", "CON", "con.x", "COM1", "com0", "lpt9.txt", "nul.txt", "trailing.", "s.jsonl",
-        "a.b", "a.123", "a.b12345678", "a.abcdefgh", "back\\slash", "héllo wörld", "default", "run-0001", "~sha",
-        "!~*'()", "emoji 😀", "prn.", "aux", "auxiliary", "x.JSON",
+        "call/a+b=",
+        "",
+        ".",
+        "..",
+        "CON",
+        "con.x",
+        "COM1",
+        "com0",
+        "lpt9.txt",
+        "nul.txt",
+        "trailing.",
+        "s.jsonl",
+        "a.b",
+        "a.123",
+        "a.b12345678",
+        "a.abcdefgh",
+        "back\\slash",
+        "héllo wörld",
+        "default",
+        "run-0001",
+        "~sha",
+        "!~*'()",
+        "emoji 😀",
+        "prn.",
+        "aux",
+        "auxiliary",
+        "x.JSON",
     ];
-    for v in samples.iter().map(|s| s.to_string()).chain([ "x".repeat(250), "x".repeat(251), "x".repeat(255), "x".repeat(256), "é".repeat(84), "é".repeat(85)]) {
+    for v in samples.iter().map(|s| s.to_string()).chain([
+        "x".repeat(250),
+        "x".repeat(251),
+        "x".repeat(255),
+        "x".repeat(256),
+        "é".repeat(84),
+        "é".repeat(85),
+    ]) {
         assert_eq!(seg(&v), seg_max(&v, 255), "seg({v:?})");
         assert_eq!(seg250(&v), seg_max(&v, 250), "seg250({v:?})");
     }
@@ -673,9 +704,7 @@ impl TestEnv {
         }
         cmd.arg("--root").arg(&self.root);
         cmd.args(it);
-        cmd.env("RUNSPOOL_ROOT", &self.root)
-            .env("XDG_CONFIG_HOME", self.base().join("xdg"))
-            .stdin(Stdio::null());
+        cmd.env("RUNSPOOL_ROOT", &self.root).env("XDG_CONFIG_HOME", self.base().join("xdg")).stdin(Stdio::null());
         cmd
     }
 
@@ -757,7 +786,10 @@ impl TestEnv {
 
     pub fn events(&self, id: &str) -> Vec<Value> {
         let s = fs::read_to_string(self.run_dir(id).join("events.jsonl")).unwrap_or_default();
-        s.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("events.jsonl line parses")).collect()
+        s.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("events.jsonl line parses"))
+            .collect()
     }
 
     pub fn event_types(&self, id: &str) -> Vec<String> {
@@ -910,11 +942,7 @@ impl TestEnv {
             mkdir_0700(&sdir);
         }
         let marker = json!({"version": 1, "runId": id, "sessionId": session, "endedAt": ended_at});
-        write_file_mode(
-            &sdir.join(terminal_marker_name(ended_at, id)),
-            marker.to_string().as_bytes(),
-            0o600,
-        );
+        write_file_mode(&sdir.join(terminal_marker_name(ended_at, id)), marker.to_string().as_bytes(), 0o600);
     }
 
     /// Fabricate the public result file of a fabricated run (from its status).
@@ -940,7 +968,12 @@ impl TestEnv {
             errors.is_empty()
         });
         if !errors.is_empty() {
-            panic!("consistency check failed ({} problems):\n  {}\n{}", errors.len(), errors.join("\n  "), self.log_tail(40));
+            panic!(
+                "consistency check failed ({} problems):\n  {}\n{}",
+                errors.len(),
+                errors.join("\n  "),
+                self.log_tail(40)
+            );
         }
     }
 }
@@ -1041,7 +1074,11 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
     }
     for (id, ms) in &by_run {
         match statuses.get(id) {
-            None => errs.push(format!("terminal marker(s) {:?} for missing run {}", ms.iter().map(|m| &m.1).collect::<Vec<_>>(), id)),
+            None => errs.push(format!(
+                "terminal marker(s) {:?} for missing run {}",
+                ms.iter().map(|m| &m.1).collect::<Vec<_>>(),
+                id
+            )),
             Some(st) => {
                 if !is_terminal_state(st["state"].as_str().unwrap_or("")) {
                     errs.push(format!("terminal marker for active run {}", id));
@@ -1072,7 +1109,14 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
                 Some(e) => {
                     let want_name = terminal_marker_name(e, id);
                     if sdir != &seg(session) || f != &want_name {
-                        errs.push(format!("terminal marker of {} is {}/{}, want {}/{}", id, sdir, f, seg(session), want_name));
+                        errs.push(format!(
+                            "terminal marker of {} is {}/{}, want {}/{}",
+                            id,
+                            sdir,
+                            f,
+                            seg(session),
+                            want_name
+                        ));
                     }
                     let want = json!({"version": 1, "runId": id, "sessionId": session, "endedAt": e});
                     for k in ["version", "runId", "sessionId", "endedAt"] {
@@ -1227,7 +1271,11 @@ impl TestEnv {
                     libc::kill(c.id() as libc::pid_t, libc::SIGKILL);
                 }
                 let _ = c.wait();
-                panic!("daemon was still running after {:?}; output:\n{}", timeout, fs::read_to_string(&out_path).unwrap_or_default());
+                panic!(
+                    "daemon was still running after {:?}; output:\n{}",
+                    timeout,
+                    fs::read_to_string(&out_path).unwrap_or_default()
+                );
             }
             std::thread::sleep(Duration::from_millis(25));
         }
