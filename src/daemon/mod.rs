@@ -527,6 +527,7 @@ impl Daemon {
             self.list_spool();
         }
         let mut later = false;
+        let mut capacity = false;
         let mut done = 0;
         let ctx_cfg = self.cfg.clone();
         let ctx = Ctx(&ctx_cfg);
@@ -551,9 +552,13 @@ impl Daemon {
                     self.w.capacity_error(&self.layout.spool().join(&name), &e);
                     self.spool_backlog.push_front(name);
                     later = true;
+                    capacity = true;
                     break;
                 }
             }
+        }
+        if !capacity {
+            self.w.outside_ok();
         }
         if !self.spool_backlog.is_empty() && self.w.is_idle() {
             self.spool_dirty = true;
@@ -681,6 +686,8 @@ impl Daemon {
                             continue; // keep watching it; retry next turn
                         }
                         tracing::error!(run_id = %id, error = %e, "could not settle a finished run");
+                    } else {
+                        self.w.outside_ok();
                     }
                     self.running.remove(&id);
                     self.hooks.ended(&id);
@@ -709,6 +716,7 @@ impl Daemon {
             let dir = self.layout.run_dir(&q.run_id);
             match supervisor::spawn_runner(&self.exe, &dir) {
                 Ok(child) => {
+                    self.w.outside_ok();
                     tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }

@@ -104,11 +104,25 @@ impl Writer {
                 Err(e) => tracing::error!(op = %label, error = %e, "deferred index update failed"),
             }
         }
+        self.recovered();
+        true
+    }
+
+    fn recovered(&mut self) {
         if let Some(since) = self.degraded_since.take() {
             tracing::info!(degraded_ms = crate::now_ms() - since, "storage recovered: all deferred writes landed");
             self.last_error = None;
         }
-        true
+    }
+
+    /// The operation that met a capacity error outside the writer (see
+    /// `capacity_error`) has now succeeded. With nothing deferred either, the
+    /// storage is healthy again: without this, an error in the claim path,
+    /// which leaves nothing pending, kept daemon.json `degraded` for good.
+    pub fn outside_ok(&mut self) {
+        if self.is_idle() {
+            self.recovered();
+        }
     }
 
     pub fn is_idle(&self) -> bool {
@@ -125,5 +139,36 @@ impl Writer {
             tracing::warn!(error = %e, "dropping diagnostic events while storage is full (counted, logged once)");
         }
         self.dropped_events += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outside_capacity_error_ends_when_its_operation_succeeds() {
+        let mut w = Writer::new();
+        let e = io::Error::from_raw_os_error(libc::EDQUOT);
+        w.capacity_error(Path::new("/spool/a.json"), &e);
+        assert!(w.last_error.is_some() && w.is_idle());
+        w.outside_ok();
+        assert_eq!(w.last_error, None);
+        assert_eq!(w.degraded_since, None);
+    }
+
+    #[test]
+    fn deferred_writes_keep_the_writer_degraded() {
+        let mut w = Writer::new();
+        w.capacity_error(Path::new("/spool/a.json"), &io::Error::from_raw_os_error(libc::ENOSPC));
+        // A deferred op stands for a write still waiting on space.
+        w.ops.push_back(("index".into(), Box::new(|| Err(io::Error::from_raw_os_error(libc::ENOSPC)))));
+        w.outside_ok();
+        assert!(w.last_error.is_some(), "still degraded while an index update waits");
+        assert!(!w.flush());
+        assert!(w.last_error.is_some());
+        w.ops.clear();
+        assert!(w.flush());
+        assert_eq!(w.last_error, None);
     }
 }
