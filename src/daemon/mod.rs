@@ -121,6 +121,8 @@ pub struct Daemon {
     queued: HashSet<String>,
     /// Queued runs whose control inbox is not watched yet (see `watch_still_queued`).
     unwatched: Vec<String>,
+    /// Claimed in this turn: their active markers follow the scheduler.
+    claimed: Vec<String>,
     running: HashMap<String, Slot>,
     seq: u64,
     report: DaemonStatus,
@@ -218,6 +220,7 @@ impl Daemon {
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             unwatched: Vec::new(),
+            claimed: Vec::new(),
             running: HashMap::new(),
             seq: 0,
             report,
@@ -277,6 +280,7 @@ impl Daemon {
                         Ok(s) => {
                             tracing::info!(run_id = %id, "finished a half-done claim");
                             self.hooks.track(&self.cfg.hooks, &id);
+                            let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
                             queued.push(s);
                         }
                         Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
@@ -297,12 +301,12 @@ impl Daemon {
             };
             match s.state {
                 State::Queued => {
-                    let _ = crate::store::index::mark_active(&self.layout, &s);
+                    let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
                     self.hooks.track(&self.cfg.hooks, &id);
                     queued.push(s);
                 }
                 State::Running => {
-                    let _ = crate::store::index::mark_active(&self.layout, &s);
+                    let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
                     self.hooks.track(&self.cfg.hooks, &id);
                     self.running.insert(id.clone(), Slot { child: None });
                 }
@@ -452,6 +456,7 @@ impl Daemon {
         }
         self.check_running();
         self.schedule();
+        self.mark_claimed();
         self.watch_still_queued();
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
@@ -539,6 +544,7 @@ impl Daemon {
                     done += 1;
                     self.hooks.track(&self.cfg.hooks, &s.run_id);
                     self.enqueue(&s);
+                    self.claimed.push(s.run_id.clone());
                     if !self.w.is_idle() {
                         // Its status is only in memory: stop claiming until storage recovers.
                         later = true;
@@ -737,12 +743,25 @@ impl Daemon {
         }
     }
 
+    /// Active markers for the runs claimed in this turn, after `schedule` has
+    /// started those that found a slot: the runner's start-up overlaps with
+    /// the marker's creation instead of waiting for it.
+    fn mark_claimed(&mut self) {
+        for id in std::mem::take(&mut self.claimed) {
+            if let Err(e) = spool::mark_claimed(&mut self.w, &self.layout, &id) {
+                tracing::warn!(run_id = %id, error = %e, "could not create the active marker; the next rescan repairs it");
+            }
+        }
+    }
+
     /// Watch the control inbox of runs that stay queued, then look at it once for
     /// what landed before the watch. Perf: a run started in the turn that claimed
     /// it is never watched, saving two synchronous round trips to the watcher thread.
     fn watch_still_queued(&mut self) {
         for id in std::mem::take(&mut self.unwatched) {
             if self.queued.contains(&id) {
+                // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
+                let _ = fsutil::mkdir_private(&RunPaths::control(&self.layout.run_dir(&id)));
                 self.watch.watch_control(&id);
                 self.control_queued(&id);
             }

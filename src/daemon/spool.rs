@@ -254,20 +254,12 @@ impl Claimer<'_> {
             }
             e
         };
-        // Every file the run will need is created now, while the claim can
-        // still back off: a runner started when inodes have run out must not
-        // die for want of its lock file or its step's log.
-        let steps = req.flat_steps().len();
-        let prep = mkdir_private(&RunPaths::control(&dir))
-            .and_then(|_| fsutil::touch(&RunPaths::status_lock(&dir)))
-            .and_then(|_| fsutil::touch(&RunPaths::runner_lock(&dir)))
-            .and_then(|_| fsutil::touch(&dir.join("runner.stdout.log")))
-            .and_then(|_| fsutil::touch(&dir.join("runner.stderr.log")))
-            .and_then(|_| (0..steps).try_for_each(|i| fsutil::touch(&RunPaths::output(&dir, i))))
-            .map_err(undo);
-        if let Err(e) = prep {
-            return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
-        }
+        // Perf: nothing else is created before the commit. On ext4 a file
+        // creation costs 0.02 to 0.8 ms depending on the directory's block group,
+        // so the files a run needs are created by whoever needs them first, off
+        // the path from drop to runner: the runner makes its lock, logs and step
+        // outputs (waiting out a full disk), `finish_claim` the status and event,
+        // and the daemon the active marker once the runner is on its way.
         // Step 7: the commit.
         if let Err(e) = rename_noreplace(path, &RunPaths::request(&dir)) {
             let e = undo(e);
@@ -342,8 +334,10 @@ fn mtime_ms(md: &std::fs::Metadata) -> i64 {
     md.mtime() * 1000 + md.mtime_nsec() / 1_000_000
 }
 
-/// Step 8: queued status, active marker, queued event. Also finishes a
-/// half-claimed run (request.json without status.json) at daemon start.
+/// Step 8: queued status and queued event. Also finishes a half-claimed run
+/// (request.json without status.json) at daemon start. The active marker
+/// follows with `mark_claimed`, once the runner has been started when a slot
+/// is free (perf: one file creation fewer between the drop and the runner).
 pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> io::Result<Status> {
     let dir = l.run_dir(run_id);
     let now = crate::now_ms();
@@ -355,10 +349,16 @@ pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> 
     .expect("status exists after update");
     if s.state.is_active() {
         run::event(w, &dir, run_id, "subagent.run.queued", json!({"priority": s.queue.priority}));
-        let (l2, s2) = (l.clone(), s.clone());
-        w.then(format!("active marker {run_id}"), Box::new(move || index::mark_active(&l2, &s2)))?;
     }
     Ok(s)
+}
+
+/// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
+/// the status lock and only while the run is active, since its runner may
+/// already be at work; queued behind deferred writes on a full disk.
+pub fn mark_claimed(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
+    let (l2, id) = (l.clone(), run_id.to_string());
+    w.then(format!("active marker {run_id}"), Box::new(move || index::mark_active_if_active(&l2, &id).map(|_| ())))
 }
 
 /// Pick free names `<base>[-N].json` / `<base>[-N].error.json` in rejected/.

@@ -87,7 +87,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let dir = std::fs::canonicalize(run_dir)?;
     let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
-    let Some(_lock) = fsutil::lock(&RunPaths::runner_lock(&dir), true)? else {
+    let lock_path = RunPaths::runner_lock(&dir);
+    let Some(_lock) = fsutil::wait_out_capacity(&lock_path, || fsutil::lock(&lock_path, true))? else {
         crate::note!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
         return Ok(0);
     };
@@ -422,14 +423,19 @@ impl Runner {
     }
 
     fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<u32, String> {
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(out)
-            .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
-        let err = file.try_clone().map_err(|e| format!("cannot open {}: {e}", out.display()))?;
+        // A full disk (or fd table) is waited out here rather than failing the
+        // step; a stop request is seen once the file exists.
+        let (file, err) = fsutil::wait_out_capacity(out, || {
+            let f = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(out)?;
+            let e = f.try_clone()?;
+            Ok((f, e))
+        })
+        .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
             .current_dir(step.cwd.as_deref().unwrap_or(&self.req.cwd))

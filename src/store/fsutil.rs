@@ -135,6 +135,29 @@ pub fn sweep_temps(dir: &Path) -> usize {
     removed
 }
 
+/// Run `f` until it stops meeting storage-capacity errors, retrying every
+/// second (PROTOCOL §11: a full disk is waited out, never a reason to fail a
+/// run) and saying so on stderr once a minute. For the files a runner creates
+/// for itself: its lock, its logs, a step's output.
+pub fn wait_out_capacity<T>(what: &Path, mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut waited = 0u64;
+    loop {
+        match f() {
+            Err(e) if is_capacity(&e) => {
+                if waited % 60 == 0 {
+                    crate::note!(
+                        "{}: {e}; retrying every second until storage recovers ({waited} s so far)",
+                        what.display()
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                waited += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Open (creating 0600) a lock file without following symlinks and take an
 /// exclusive flock. `Ok(None)` when `nonblocking` and someone else holds it.
 pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {

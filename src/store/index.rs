@@ -29,6 +29,19 @@ pub fn mark_active(l: &Layout, s: &Status) -> io::Result<()> {
     Ok(())
 }
 
+/// `mark_active` for a run whose runner may already be at work, under the
+/// run's `.status.lock`: the marker is created only while the status is still
+/// active, so it can never appear after a fast runner has ended the run and
+/// removed it. False when the run had already ended.
+pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
+    let dir = l.run_dir(run_id);
+    let _lock = fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false)?;
+    match read_status(&dir)? {
+        Some(s) if s.state.is_active() => mark_active(l, &s).map(|()| true),
+        _ => Ok(false),
+    }
+}
+
 pub fn unmark_active(l: &Layout, run_id: &str, tool_call_id: Option<&str>) -> io::Result<()> {
     if let Some(tc) = tool_call_id {
         let dir = alias_dir(l, tc);
