@@ -1,8 +1,7 @@
 //! Runner liveness, spawning, repair of dead runs (PROTOCOL §12).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -15,24 +14,20 @@ use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use crate::store::{index, results, run, Layout, Writer};
 
-/// Start `runspool runner <runDir>` detached: its own session, stdio to the
-/// run's log files, none of the service manager's variables.
+/// Start `runspool runner <runDir>` detached: its own session (it calls
+/// setsid), stdio on /dev/null until it opens its logs, none of the service
+/// manager's variables.
 pub fn spawn_runner(exe: &Path, run_dir: &Path) -> io::Result<Child> {
-    let log = |name: &str| {
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(run_dir.join(name))
-    };
     let mut cmd = Command::new(exe);
+    // Perf: stdio is /dev/null here; the runner opens runner.stdout.log and
+    // runner.stderr.log itself after its `running` write (runner::open_logs),
+    // so two file creations leave the path from drop to runner.
     cmd.arg("runner")
         .arg(run_dir)
         .current_dir(run_dir)
         .stdin(Stdio::null())
-        .stdout(log("runner.stdout.log")?)
-        .stderr(log("runner.stderr.log")?);
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     for k in crate::runner::SCRUBBED_ENV {
         cmd.env_remove(k);
     }

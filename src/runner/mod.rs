@@ -77,10 +77,35 @@ pub fn main(run_dir: &Path) -> i32 {
     match run(run_dir) {
         Ok(code) => code,
         Err(e) => {
+            open_logs(run_dir);
             crate::note!("runspool runner {}: {e:#}", run_dir.display());
             1
         }
     }
+}
+
+/// Point stdout and stderr at `runner.stdout.log` and `runner.stderr.log`
+/// (PROTOCOL §3), created 0600 if missing. Perf: the daemon starts the runner
+/// on /dev/null and the runner opens its logs itself once its `running` status
+/// is written (or before its first complaint), so their creation is not on the
+/// path from drop to runner. On a full disk the runner carries on without them.
+fn open_logs(dir: &Path) {
+    use std::os::fd::AsRawFd;
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        for (name, fd) in [("runner.stdout.log", libc::STDOUT_FILENO), ("runner.stderr.log", libc::STDERR_FILENO)] {
+            let f = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(dir.join(name));
+            if let Ok(f) = f {
+                // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
+                let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
+            }
+        }
+    });
 }
 
 fn run(run_dir: &Path) -> anyhow::Result<i32> {
@@ -89,6 +114,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
     let lock_path = RunPaths::runner_lock(&dir);
     let Some(_lock) = fsutil::wait_out_capacity(&lock_path, || fsutil::lock(&lock_path, true))? else {
+        open_logs(&dir);
         crate::note!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
         return Ok(0);
     };
@@ -118,6 +144,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         started = Some(s.clone());
         Some(s)
     })?;
+    open_logs(&dir);
     let Some(status) = started else {
         crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
