@@ -37,6 +37,8 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// Most claims per loop turn, so a flood of requests never starves the
 /// scheduler and the liveness checks.
 const CLAIMS_PER_TURN: usize = 256;
+/// Run directories checked per loop turn after start-up (`recover_slice`).
+const RECOVER_PER_TURN: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -123,6 +125,8 @@ pub struct Daemon {
     unwatched: Vec<String>,
     /// Claimed in this turn: their active markers follow the scheduler.
     claimed: Vec<String>,
+    /// Run directories still to be checked after start-up.
+    recovery_backlog: Vec<String>,
     running: HashMap<String, Slot>,
     seq: u64,
     report: DaemonStatus,
@@ -221,6 +225,7 @@ impl Daemon {
             queued: HashSet::new(),
             unwatched: Vec::new(),
             claimed: Vec::new(),
+            recovery_backlog: Vec::new(),
             running: HashMap::new(),
             seq: 0,
             report,
@@ -239,6 +244,8 @@ impl Daemon {
         };
         d.write_report(true);
         d.recover();
+        // The re-adopted counts at once, not after the report debounce.
+        d.write_report(true);
         retention::sweep(&d.layout, d.cfg.retention_days);
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend,
@@ -259,65 +266,108 @@ impl Daemon {
         let ctx = Ctx(&self.cfg);
         spool::recover_rejected(&mut self.w, &self.layout, &ctx, self.previous_start - 60_000);
         self.sweep_temps();
-        let Ok(rd) = std::fs::read_dir(self.layout.runs()) else { return };
-        let mut queued: Vec<Status> = Vec::new();
-        for e in rd.flatten() {
-            let Ok(id) = e.file_name().into_string() else { continue };
-            if id.starts_with('.') || !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                continue;
+        // Live runs first, from the active index: the daemon is ready once they
+        // are adopted. Every other run directory (half-done claims, terminal runs
+        // whose publication was cut short, active runs whose marker was lost) is
+        // checked in slices from the loop (`recover_slice`), so start-up does not
+        // grow with the number of finished runs kept on disk.
+        let mut queued = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(self.layout.active()) {
+            let ids: Vec<String> = rd
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|id| !id.starts_with('.'))
+                .collect();
+            for id in ids {
+                self.recover_run(&id, &mut queued);
             }
-            let dir = e.path();
-            // Only a directory changed since the previous daemon started can hold a fresh temp.
-            if e.metadata().is_ok_and(|m| m.mtime() * 1000 >= self.previous_start - 60_000) {
-                fsutil::sweep_temps(&dir);
+        }
+        self.adopt_queued(queued);
+        if let Ok(rd) = std::fs::read_dir(self.layout.runs()) {
+            self.recovery_backlog = rd
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|id| !id.starts_with('.'))
+                .collect();
+        }
+        self.check_running();
+    }
+
+    /// Check the next slice of run directories left by `recover`.
+    fn recover_slice(&mut self) {
+        let mut queued = Vec::new();
+        for _ in 0..RECOVER_PER_TURN {
+            let Some(id) = self.recovery_backlog.pop() else { break };
+            // Claimed, started or adopted by this daemon already: it knows them.
+            if !self.queued.contains(&id) && !self.running.contains_key(&id) {
+                self.recover_run(&id, &mut queued);
             }
-            if spool::is_half_claimed(&dir) {
-                match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
-                {
-                    Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, &id, &req) {
-                        Ok(s) => {
-                            tracing::info!(run_id = %id, "finished a half-done claim");
-                            self.hooks.track(&self.cfg.hooks, &id);
-                            let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
-                            queued.push(s);
-                        }
-                        Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
-                    },
-                    Err(e) => {
-                        tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
+        }
+        self.adopt_queued(queued);
+        if self.recovery_backlog.is_empty() {
+            self.recovery_backlog = Vec::new(); // give the names' memory back
+            tracing::debug!("start-up check of every run directory done");
+        }
+    }
+
+    /// Recovery of one run directory (PROTOCOL §12); queued runs go to `queued`.
+    fn recover_run(&mut self, id: &str, queued: &mut Vec<Status>) {
+        let dir = self.layout.run_dir(id);
+        // Only a directory changed since the previous daemon started can hold a fresh temp.
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.mtime() * 1000 >= self.previous_start - 60_000) {
+            fsutil::sweep_temps(&dir);
+        }
+        if spool::is_half_claimed(&dir) {
+            match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, id, &req) {
+                    Ok(s) => {
+                        tracing::info!(run_id = %id, "finished a half-done claim");
+                        self.hooks.track(&self.cfg.hooks, id);
+                        let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                        queued.push(s);
                     }
-                }
-                continue;
-            }
-            let s = match run::read_status(&dir) {
-                Ok(Some(s)) => s,
-                Ok(None) => continue,
+                    Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
+                },
                 Err(e) => {
-                    tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
-                    continue;
+                    tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
                 }
-            };
-            match s.state {
-                State::Queued => {
-                    let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
-                    self.hooks.track(&self.cfg.hooks, &id);
-                    queued.push(s);
-                }
-                State::Running => {
-                    let _ = spool::mark_claimed(&mut self.w, &self.layout, &id);
-                    self.hooks.track(&self.cfg.hooks, &id);
-                    self.running.insert(id.clone(), Slot { child: None });
-                }
-                _ => {
-                    if let Err(e) = supervisor::ensure_published_status(&mut self.w, &self.layout, &s) {
-                        tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
-                    }
+            }
+            return;
+        }
+        let s = match run::read_status(&dir) {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
+                return;
+            }
+        };
+        match s.state {
+            State::Queued => {
+                let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                self.hooks.track(&self.cfg.hooks, id);
+                queued.push(s);
+            }
+            State::Running => {
+                let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                self.hooks.track(&self.cfg.hooks, id);
+                self.running.insert(id.to_string(), Slot { child: None });
+            }
+            _ => {
+                if let Err(e) = supervisor::ensure_published_status(&mut self.w, &self.layout, &s) {
+                    tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
             }
         }
-        // A queued run may already have a runner (spawned just before our predecessor died).
+    }
+
+    /// A queued run may already have a runner (spawned just before our predecessor died).
+    fn adopt_queued(&mut self, queued: Vec<Status>) {
         for s in queued {
             if fsutil::lock_held(&RunPaths::runner_lock(&self.layout.run_dir(&s.run_id))).unwrap_or(false) {
                 self.running.insert(s.run_id.clone(), Slot { child: None });
@@ -325,7 +375,6 @@ impl Daemon {
                 self.enqueue(&s);
             }
         }
-        self.check_running();
     }
 
     /// Temps left by writers killed mid-write, in the shared directories.
@@ -398,7 +447,7 @@ impl Daemon {
         if let Some(w) = self.watchdog {
             t = t.min(self.last_watchdog + w);
         }
-        if self.spool_dirty || self.bridge.wants_turn() {
+        if self.spool_dirty || self.bridge.wants_turn() || !self.recovery_backlog.is_empty() {
             t = Instant::now();
         }
         t
@@ -437,6 +486,9 @@ impl Daemon {
         let now = Instant::now();
         if !self.w.is_idle() {
             self.w.flush();
+        }
+        if !self.recovery_backlog.is_empty() {
+            self.recover_slice();
         }
         if let Some(why) = self.watch_failed.take() {
             self.watch.replace(&why);

@@ -34,6 +34,9 @@ pub fn mark_active(l: &Layout, s: &Status) -> io::Result<()> {
 /// active, so it can never appear after a fast runner has ended the run and
 /// removed it. False when the run had already ended.
 pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
+    if l.active().join(run_id).exists() {
+        return Ok(true); // already indexed (a restart re-adopting its runs)
+    }
     let dir = l.run_dir(run_id);
     let _lock = fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false)?;
     match read_status(&dir)? {
