@@ -74,6 +74,13 @@ pub struct Runner {
 pub fn main(run_dir: &Path) -> i32 {
     // Detach into a session of our own (the daemon spawns us without a pre_exec hook).
     let _ = nix::unistd::setsid();
+    // Whatever the runner prints lands in its logs, a panic before `open_logs` included.
+    let dir = run_dir.to_path_buf();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        open_logs(&dir);
+        default_hook(info);
+    }));
     match run(run_dir) {
         Ok(code) => code,
         Err(e) => {
@@ -113,12 +120,24 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
     let lock_path = RunPaths::runner_lock(&dir);
-    let Some(_lock) = fsutil::wait_out_capacity(&lock_path, || fsutil::lock(&lock_path, true))? else {
+    let Some(_lock) = fsutil::wait_out_capacity(&lock_path, || {
+        let r = fsutil::lock(&lock_path, true);
+        if r.as_ref().is_err_and(fsutil::is_capacity) {
+            open_logs(&dir); // so the wait is reported, if there is room for the logs
+        }
+        r
+    })?
+    else {
         open_logs(&dir);
         crate::note!("another runner holds {}; leaving the run to it", RunPaths::runner_lock(&dir).display());
         return Ok(0);
     };
-    let raw = fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)?;
+    let raw = fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {}: {e}; the daemon starts a runner only for a claimed run",
+            RunPaths::request(&dir).display()
+        )
+    })?;
     let req: Request =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let (tx, rx) = channel();
