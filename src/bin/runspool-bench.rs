@@ -1641,26 +1641,17 @@ fn run(args: Args) -> anyhow::Result<()> {
                 );
                 jc.push(json!({"command": r.what, "stats": stats_json(&r.stats), "opens": r.opens}));
                 let o = r.opens.map(|o| o <= 60).unwrap_or(true);
-                if i == 0 {
+                let target = match i {
+                    0 => Some(("`list --recent 20` ≤ 50 ms, O(20) files (quiet index)", 50.0)),
+                    3 => Some(("`status ID` ≤ 20 ms", 20.0)),
+                    _ => None,
+                };
+                if let Some((what, limit_ms)) = target {
+                    let opens = r.opens.map(|o| o.to_string()).unwrap_or("?".into());
                     targets.push((
-                        "`list --recent 20` ≤ 50 ms, O(20) files (quiet index)".into(),
-                        format!(
-                            "{:.1} ms, {} files",
-                            r.stats.p50,
-                            r.opens.map(|o| o.to_string()).unwrap_or("?".into())
-                        ),
-                        r.stats.p50 <= 50.0 && o,
-                    ));
-                }
-                if i == 3 {
-                    targets.push((
-                        "`status ID` ≤ 20 ms".into(),
-                        format!(
-                            "{:.1} ms, {} files",
-                            r.stats.p50,
-                            r.opens.map(|o| o.to_string()).unwrap_or("?".into())
-                        ),
-                        r.stats.p50 <= 20.0 && o,
+                        what.into(),
+                        format!("{:.1} ms, {opens} files", r.stats.p50),
+                        r.stats.p50 <= limit_ms && o,
                     ));
                 }
             }

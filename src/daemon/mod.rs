@@ -272,26 +272,11 @@ impl Daemon {
         // checked in slices from the loop (`recover_slice`), so start-up does not
         // grow with the number of finished runs kept on disk.
         let mut queued = Vec::new();
-        if let Ok(rd) = std::fs::read_dir(self.layout.active()) {
-            let ids: Vec<String> = rd
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|id| !id.starts_with('.'))
-                .collect();
-            for id in ids {
-                self.recover_run(&id, &mut queued);
-            }
+        for id in run_names(&self.layout.active(), false) {
+            self.recover_run(&id, &mut queued);
         }
         self.adopt_queued(queued);
-        if let Ok(rd) = std::fs::read_dir(self.layout.runs()) {
-            self.recovery_backlog = rd
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|id| !id.starts_with('.'))
-                .collect();
-        }
+        self.recovery_backlog = run_names(&self.layout.runs(), true);
         self.check_running();
     }
 
@@ -801,7 +786,7 @@ impl Daemon {
     fn mark_claimed(&mut self) {
         for id in std::mem::take(&mut self.claimed) {
             if let Err(e) = spool::mark_claimed(&mut self.w, &self.layout, &id) {
-                tracing::warn!(run_id = %id, error = %e, "could not create the active marker; the next rescan repairs it");
+                tracing::warn!(run_id = %id, error = %e, "could not create the active marker; the next daemon start repairs it");
             }
         }
     }
@@ -943,6 +928,17 @@ impl Daemon {
         }
         tracing::info!(running = self.running.len(), queued = self.queued.len(), "runspool daemon stopped");
     }
+}
+
+/// Run ids named by the entries of `dir`: its run directories (`dirs`) or its
+/// marker files, dot names (temps, the indexes) left out.
+fn run_names(dir: &Path, dirs: bool) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    rd.flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| if dirs { t.is_dir() } else { t.is_file() }))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|id| !id.starts_with('.'))
+        .collect()
 }
 
 /// Append a remark to the `log.level` item of a reload report.
