@@ -182,6 +182,16 @@ fn drop_request(spool: &Path, id: &str) -> std::io::Result<Instant> {
     Ok(t0)
 }
 
+/// (own CPU ms, CPU ms of reaped children) from `/proc/<pid>/stat` (utime+stime, cutime+cstime).
+fn proc_cpu_ms(pid: u32) -> Option<(f64, f64)> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name start at field 3 (state).
+    let f: Vec<u64> =
+        s.rsplit_once(')')?.1.split_whitespace().skip(11).take(4).filter_map(|x| x.parse().ok()).collect();
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    (f.len() == 4).then(|| ((f[0] + f[1]) as f64 * 1000.0 / tick, (f[2] + f[3]) as f64 * 1000.0 / tick))
+}
+
 fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
@@ -650,6 +660,9 @@ struct BurstResult {
     secs: f64,
     per_s: f64,
     peak_rss_kib: u64,
+    /// CPU ms per run: the daemon itself, and its reaped children (runners and their steps).
+    cpu_daemon_ms: f64,
+    cpu_children_ms: f64,
 }
 
 /// The round with the median throughput (peak RSS: the highest of all rounds).
@@ -694,6 +707,9 @@ fn burst(env: &Env, kind: Kind, n: usize, max_running: usize) -> anyhow::Result<
     }
     let secs = t0.elapsed().as_secs_f64();
     let peak_rss_kib = proc_status_kib(d.pid(), "VmHWM:").unwrap_or(0);
+    // The last runners exit (and are reaped) just after their terminal marker.
+    std::thread::sleep(Duration::from_millis(300));
+    let (cpu_d, cpu_c) = proc_cpu_ms(d.pid()).unwrap_or((0.0, 0.0));
     // Spot-check outcomes: every run must have completed.
     for id in [&ids[0], &ids[n / 2], &ids[n - 1]] {
         let s: Value =
@@ -703,7 +719,13 @@ fn burst(env: &Env, kind: Kind, n: usize, max_running: usize) -> anyhow::Result<
         }
     }
     drop(d);
-    Ok(BurstResult { secs, per_s: n as f64 / secs, peak_rss_kib })
+    Ok(BurstResult {
+        secs,
+        per_s: n as f64 / secs,
+        peak_rss_kib,
+        cpu_daemon_ms: cpu_d / n as f64,
+        cpu_children_ms: cpu_c / n as f64,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -1489,7 +1511,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         if has("burst") {
             report += &format!("### Burst of {} runs dropped at once\n\n", args.burst_n);
-            report += "| max_running | runspool s | runs/s | daemon peak RSS MiB | reference s | runs/s | peak RSS MiB | throughput ratio | ratio per round |\n|---|---|---|---|---|---|---|---|---|\n";
+            report += "| max_running | runspool s | runs/s | daemon peak RSS MiB | CPU ms/run, daemon + runners | reference s | runs/s | peak RSS MiB | CPU ms/run | throughput ratio | ratio per round |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
             let mut jb = Vec::new();
             let mut pueue_rows: Vec<(PueueBurst, f64, f64, Vec<String>)> = Vec::new();
             for &p in &args.parallel {
@@ -1521,18 +1543,24 @@ fn run(args: Args) -> anyhow::Result<()> {
                 let (rs, rf) = (median_burst(rss), median_burst(rfs));
                 let ratio = rs.per_s / rf.per_s;
                 report += &format!(
-                    "| {p} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {ratio:.2}× | {} |\n",
+                    "| {p} | {:.2} | {:.1} | {:.1} | {:.2} + {:.2} | {:.2} | {:.1} | {:.1} | {:.2} + {:.2} | {ratio:.2}× | {} |\n",
                     rs.secs,
                     rs.per_s,
                     rs.peak_rss_kib as f64 / 1024.0,
+                    rs.cpu_daemon_ms,
+                    rs.cpu_children_ms,
                     rf.secs,
                     rf.per_s,
                     rf.peak_rss_kib as f64 / 1024.0,
+                    rf.cpu_daemon_ms,
+                    rf.cpu_children_ms,
                     rounds.join(", ")
                 );
                 jb.push(json!({"max_running": p, "n": args.burst_n, "rounds": args.burst_repeat.max(1), "round_ratios": rounds,
-                    "runspool": {"secs": rs.secs, "runs_per_s": rs.per_s, "peak_rss_kib": rs.peak_rss_kib},
-                    "reference": {"secs": rf.secs, "runs_per_s": rf.per_s, "peak_rss_kib": rf.peak_rss_kib}}));
+                    "runspool": {"secs": rs.secs, "runs_per_s": rs.per_s, "peak_rss_kib": rs.peak_rss_kib,
+                        "cpu_ms_per_run": {"daemon": rs.cpu_daemon_ms, "children": rs.cpu_children_ms}},
+                    "reference": {"secs": rf.secs, "runs_per_s": rf.per_s, "peak_rss_kib": rf.peak_rss_kib,
+                        "cpu_ms_per_run": {"daemon": rf.cpu_daemon_ms, "children": rf.cpu_children_ms}}}));
                 targets.push((
                     format!("burst throughput at max_running {p} ≥ 0.7× reference"),
                     format!("{ratio:.2}×"),
