@@ -163,17 +163,93 @@ pub fn init(config_level: &str, journald_allowed: bool) {
 }
 
 /// The runner's logging: what the shared storage code reports (capacity
-/// errors, dropped events) goes to its stderr, `runner.stderr.log`. Perf: a
-/// plain level, no EnvFilter or reload layer, since a runner starts for every
-/// run and never reloads (about a tenth of its start-up time).
+/// errors, dropped events) goes to its stderr, `runner.stderr.log`, at the
+/// level of `RUNSPOOL_LOG` (a plain level: `error` … `trace`; default `info`).
+/// Perf: no EnvFilter or reload layer, and no tracing-subscriber at all (see
+/// `RunnerLog`), since a runner starts for every run and never reloads.
 pub fn init_runner() {
-    let level = env_level().and_then(|l| l.trim().parse::<LevelFilter>().ok()).unwrap_or(LevelFilter::INFO);
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .log_internal_errors(false)
-        .try_init();
+    let max = env_level().and_then(|l| l.trim().parse::<LevelFilter>().ok()).unwrap_or(LevelFilter::INFO);
+    let _ = tracing::subscriber::set_global_default(RunnerLog { max });
+}
+
+/// The runner's subscriber: one line per event on stderr,
+/// `2026-12-03T10:00:00.123456Z  WARN target: message key=value`, like the
+/// daemon's stderr lines. Perf: tracing-subscriber's registry allocates its
+/// span slab at start-up (a tenth of a runner's page faults); a runner logs a
+/// handful of lines and opens no spans, so it needs none of that.
+struct RunnerLog {
+    max: LevelFilter,
+}
+
+impl tracing::Subscriber for RunnerLog {
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        self.max >= *m.level()
+    }
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(self.max)
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        use std::io::Write as _;
+        let m = e.metadata();
+        let mut f = LineFields::default();
+        e.record(&mut f);
+        let line = format!(
+            "{} {:>5} {}: {}{}\n",
+            utc_timestamp(std::time::SystemTime::now()),
+            m.level(),
+            m.target(),
+            f.message,
+            f.rest
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[derive(Default)]
+struct LineFields {
+    message: String,
+    rest: String,
+}
+
+impl tracing::field::Visit for LineFields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.rest, " {}={value:?}", field.name());
+        }
+    }
+}
+
+/// RFC 3339 UTC with microseconds (civil-from-days, proleptic Gregorian).
+pub fn utc_timestamp(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60,
+        d.subsec_micros()
+    )
 }
 
 #[cfg(target_os = "linux")]
@@ -253,6 +329,16 @@ pub fn fatal(msg: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_timestamps_match_the_calendar() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = |us: u64| utc_timestamp(UNIX_EPOCH + Duration::from_micros(us));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(at(951_782_400_000_000), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(at(1_796_302_885_976_543), "2026-12-03T13:01:25.976543Z");
+        assert_eq!(at(4_102_444_799_999_999), "2099-12-31T23:59:59.999999Z");
+    }
 
     #[test]
     fn journal_stream_must_be_our_stderr() {
