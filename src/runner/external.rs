@@ -186,7 +186,7 @@ impl Runner {
             dir: self.dir.clone(),
             out,
             i,
-            tx: self.tx.clone(),
+            tx: self.post.clone(),
             ctl: crx,
             pending: None,
             job: ej,
@@ -211,6 +211,7 @@ impl Runner {
         let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
         Some(Running {
             pid: 0,
+            child: None,
             started,
             deadline,
             escalate: None,
@@ -324,7 +325,7 @@ struct Driver {
     dir: PathBuf,
     out: PathBuf,
     i: usize,
-    tx: Sender<Msg>,
+    tx: super::Post,
     ctl: Receiver<Ctl>,
     pending: Option<Ctl>,
     job: Map<String, Value>,

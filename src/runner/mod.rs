@@ -6,11 +6,15 @@ mod external;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::OpenOptions;
+use std::io::{Read as _, Write as _};
+use std::os::fd::AsFd as _;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
@@ -36,13 +40,33 @@ enum Halt {
 }
 
 enum Msg {
-    Exited(usize, std::io::Result<ExitStatus>),
     External(usize, external::Event),
     Control,
 }
 
+/// The loop's mailbox for other threads (external-job drivers, the control
+/// inbox watcher): a message, then a byte on the wake socket, which SIGCHLD
+/// also writes to. Perf: the loop sleeps in poll(2) on that socket and reaps
+/// its steps with `try_wait`, so a step costs no waiter thread (a clone, a
+/// stack and a malloc arena in every runner).
+#[derive(Clone)]
+struct Post {
+    tx: Sender<Msg>,
+    wake: Arc<UnixStream>,
+}
+
+impl Post {
+    fn send(&self, m: Msg) {
+        let _ = self.tx.send(m);
+        // A full socket already holds a wake-up.
+        let _ = (&*self.wake).write(&[1]);
+    }
+}
+
 struct Running {
     pid: u32,
+    /// The step's process (None for an external-job step).
+    child: Option<Child>,
     started: Instant,
     deadline: Option<Instant>,
     /// Pending escalation: the next signal and when to send it.
@@ -58,8 +82,10 @@ pub struct Runner {
     req: Request,
     status: Status,
     w: Writer,
-    tx: Sender<Msg>,
+    post: Post,
     rx: Receiver<Msg>,
+    /// The read end of the wake socket (see `Post`).
+    wake: UnixStream,
     halt: Option<Halt>,
     halt_reason: String,
     run_deadline: Instant,
@@ -141,6 +167,11 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let req: Request =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let (tx, rx) = channel();
+    let (wake, waker) = UnixStream::pair()?;
+    wake.set_nonblocking(true)?;
+    waker.set_nonblocking(true)?;
+    signal_hook::low_level::pipe::register(libc::SIGCHLD, waker.try_clone()?)?;
+    let post = Post { tx, wake: Arc::new(waker) };
     let mut w = Writer::new();
     let now = crate::now_ms();
     let pid = std::process::id();
@@ -175,8 +206,9 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         req,
         status,
         w,
-        tx,
+        post,
         rx,
+        wake,
         halt: None,
         halt_reason: String::new(),
         run_deadline,
@@ -233,9 +265,9 @@ impl Runner {
         use notify::Watcher;
         let control = RunPaths::control(&self.dir);
         let _ = fsutil::mkdir_private(&control);
-        let tx = self.tx.clone();
+        let post = self.post.clone();
         let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
-            let _ = tx.send(Msg::Control);
+            post.send(Msg::Control);
         });
         match watcher {
             Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::NonRecursive) {
@@ -352,20 +384,30 @@ impl Runner {
                     wake = wake.min(t);
                 }
             }
-            match self.rx.recv_timeout(wake.saturating_duration_since(now)) {
-                Ok(Msg::Exited(i, res)) => {
-                    if let Some(r) = running.remove(&i) {
-                        // Perf: with nothing else running, the next status write (the
-                        // next step's start, or the terminal status) follows at once
-                        // and carries this exit too: one write and one inode fewer per
-                        // step. A member whose siblings still run is saved now.
-                        let save_now = !running.is_empty();
-                        self.record_exit(i, r, res, save_now);
-                    }
+            self.sleep(wake.saturating_duration_since(now));
+            while let Ok(m) = self.rx.try_recv() {
+                match m {
+                    Msg::External(i, ev) => self.on_external(i, ev, &mut running),
+                    Msg::Control => {}
                 }
-                Ok(Msg::External(i, ev)) => self.on_external(i, ev, &mut running),
-                Ok(Msg::Control) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => unreachable!("the runner holds a sender"),
+            }
+            let exited: Vec<(usize, std::io::Result<ExitStatus>)> = running
+                .iter_mut()
+                .filter_map(|(&i, r)| match r.child.as_mut()?.try_wait() {
+                    Ok(None) => None,
+                    Ok(Some(st)) => Some((i, Ok(st))),
+                    Err(e) => Some((i, Err(e))),
+                })
+                .collect();
+            for (i, res) in exited {
+                if let Some(r) = running.remove(&i) {
+                    // Perf: with nothing else running, the next status write (the
+                    // next step's start, or the terminal status) follows at once
+                    // and carries this exit too: one write and one inode fewer per
+                    // step. A member whose siblings still run is saved now.
+                    let save_now = !running.is_empty();
+                    self.record_exit(i, r, res, save_now);
+                }
             }
             if self.watch_at.is_some_and(|t| Instant::now() >= t) {
                 self.watch_at = None;
@@ -425,12 +467,21 @@ impl Runner {
             (None, None) => Err("the step has no command".to_string()),
         };
         match result {
-            Ok(pid) => {
+            Ok(child) => {
+                let pid = child.id();
                 self.status.steps[i].pid = Some(pid);
                 self.save();
                 self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
                 let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
-                Some(Running { pid, started, deadline, escalate: None, timed_out: false, external: None })
+                Some(Running {
+                    pid,
+                    child: Some(child),
+                    started,
+                    deadline,
+                    escalate: None,
+                    timed_out: false,
+                    external: None,
+                })
             }
             Err(msg) => {
                 self.fail_unstarted(i, &agent, &out_path, 127, msg, None);
@@ -468,7 +519,7 @@ impl Runner {
         self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": 0}));
     }
 
-    fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<u32, String> {
+    fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<Child, String> {
         // A full disk (or fd table) is waited out here rather than failing the
         // step; a stop request is seen once the file exists.
         let (file, err) = fsutil::wait_out_capacity(out, || {
@@ -497,14 +548,18 @@ impl Runner {
             .env("RUNSPOOL_RUN_DIR", &self.dir)
             .env("RUNSPOOL_STEP_INDEX", i.to_string())
             .env("RUNSPOOL_PREVIOUS_OUTPUT", self.previous_output.as_deref().unwrap_or(""));
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
-        let pid = child.id();
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
-            let res = child.wait();
-            let _ = tx.send(Msg::Exited(i, res));
-        });
-        Ok(pid)
+        cmd.spawn().map_err(|e| format!("cannot start `{}`: {e}", argv[0]))
+    }
+
+    /// Sleep until a step exits (SIGCHLD), another thread posts a message, or
+    /// `d` has passed; then empty the wake socket.
+    fn sleep(&self, d: Duration) {
+        let ms = u16::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(self.wake.as_fd(), nix::poll::PollFlags::POLLIN)];
+        // EINTR means a signal arrived, which is as good as a byte.
+        let _ = nix::poll::poll(&mut fds, ms);
+        let mut buf = [0u8; 64];
+        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
     }
 
     fn record_exit(&mut self, i: usize, r: Running, res: std::io::Result<ExitStatus>, save_now: bool) {
