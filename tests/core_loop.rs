@@ -625,6 +625,32 @@ fn stop_queued_run_never_starts() {
     env.check_consistency();
 }
 
+/// A run queued for longer than the daemon polls its inbox (5 s) has the
+/// inbox watched: a client's stop.json then ends it without waiting for the
+/// periodic rescan (set to 10 minutes here).
+#[test]
+fn stop_of_long_queued_run_is_seen_through_the_watch() {
+    let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 600\n");
+    env.start_daemon();
+    let gate = env.work.join("gate-block");
+    env.submit(&request(Some("long-blocker"), &env.work, vec![sh_step("block", &gate_wait(&gate))]));
+    env.wait_state("long-blocker", "running");
+    env.submit(&request(Some("long-victim"), &env.work, vec![sh_step("v", "touch ran-long-victim")]));
+    env.wait_state("long-victim", "queued");
+    // Past the polling period: the daemon creates control/ and watches it.
+    assert!(
+        poll_until(Duration::from_secs(30), || env.run_dir("long-victim").join("control").is_dir()),
+        "the daemon never took over the inbox of a run queued for over 5 s"
+    );
+    env.write_control("long-victim", "stop");
+    let st = env.wait_terminal_for("long-victim", Duration::from_secs(30));
+    assert_eq!(st["state"], "stopped", "{st}");
+    open_gate(&gate);
+    env.wait_terminal("long-blocker");
+    assert!(!env.work.join("ran-long-victim").exists(), "stopped queued run must never start");
+    env.check_consistency();
+}
+
 #[test]
 fn priority_higher_first() {
     let mut env = TestEnv::with_config(ONE_AT_A_TIME);

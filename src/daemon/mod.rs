@@ -11,7 +11,7 @@ pub mod supervisor;
 pub mod watch;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -39,6 +39,11 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 const CLAIMS_PER_TURN: usize = 256;
 /// Run directories checked per loop turn after start-up (`recover_slice`).
 const RECOVER_PER_TURN: usize = 1000;
+/// How often the control inboxes of recently queued runs are looked at, and
+/// how long a run stays queued before its inbox is watched instead (see
+/// `poll_queued_inboxes`).
+const INBOX_POLL: Duration = Duration::from_secs(1);
+const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -121,8 +126,10 @@ pub struct Daemon {
     hooks: hooks::Hooks,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
-    /// Queued runs whose control inbox is not watched yet (see `watch_still_queued`).
-    unwatched: Vec<String>,
+    /// Queued runs whose control inbox is polled, not watched (yet), with
+    /// when they were queued (see `poll_queued_inboxes`).
+    polled_inboxes: VecDeque<(Instant, String)>,
+    next_inbox_poll: Instant,
     /// Claimed in this turn: their active markers follow the scheduler.
     claimed: Vec<String>,
     /// Run directories still to be checked after start-up.
@@ -223,7 +230,8 @@ impl Daemon {
             hooks,
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
-            unwatched: Vec::new(),
+            polled_inboxes: VecDeque::new(),
+            next_inbox_poll: Instant::now(),
             claimed: Vec::new(),
             recovery_backlog: Vec::new(),
             running: HashMap::new(),
@@ -386,8 +394,15 @@ impl Daemon {
                 order: Reverse((s.queue.claimed_at, self.seq)),
                 run_id: s.run_id.clone(),
             });
-            self.unwatched.push(s.run_id.clone());
+            self.poll_inbox(&s.run_id);
         }
+    }
+
+    fn poll_inbox(&mut self, run_id: &str) {
+        if self.polled_inboxes.is_empty() {
+            self.next_inbox_poll = Instant::now() + INBOX_POLL;
+        }
+        self.polled_inboxes.push_back((Instant::now(), run_id.to_string()));
     }
 
     /// The event loop. Returns when asked to stop (SIGTERM/SIGINT).
@@ -422,6 +437,9 @@ impl Daemon {
         }
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
+        }
+        if !self.polled_inboxes.is_empty() {
+            t = t.min(self.next_inbox_poll);
         }
         if let Some(h) = self.hooks.next_wake() {
             t = t.min(h);
@@ -494,7 +512,7 @@ impl Daemon {
         self.check_running();
         self.schedule();
         self.mark_claimed();
-        self.watch_still_queued();
+        self.poll_queued_inboxes();
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
@@ -767,7 +785,7 @@ impl Daemon {
                     tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
                     self.w.capacity_error(&dir, &e);
                     self.queued.insert(q.run_id.clone());
-                    self.unwatched.push(q.run_id.clone());
+                    self.poll_inbox(&q.run_id);
                     self.queue.push(q);
                     break;
                 }
@@ -791,16 +809,36 @@ impl Daemon {
         }
     }
 
-    /// Watch the control inbox of runs that stay queued, then look at it once for
-    /// what landed before the watch. Perf: a run started in the turn that claimed
-    /// it is never watched, saving two synchronous round trips to the watcher thread.
-    fn watch_still_queued(&mut self) {
-        for id in std::mem::take(&mut self.unwatched) {
-            if self.queued.contains(&id) {
+    /// The control inboxes of runs queued for less than `INBOX_WATCH_AFTER`
+    /// are looked at every `INBOX_POLL` (one stat of `control/` each, which
+    /// usually does not exist); a run still queued after that has its inbox
+    /// created and watched. Perf: in a burst, runs that wait only seconds for a
+    /// slot cost no `mkdir` and no two synchronous round trips to the watcher
+    /// thread each (a tenth of the daemon's CPU per run); a stop of such a run
+    /// takes effect within about a second (PROTOCOL §9 sets no bound).
+    fn poll_queued_inboxes(&mut self) {
+        let now = Instant::now();
+        if self.polled_inboxes.is_empty() || now < self.next_inbox_poll {
+            return;
+        }
+        self.next_inbox_poll = now + INBOX_POLL;
+        for (since, id) in std::mem::take(&mut self.polled_inboxes) {
+            if !self.queued.contains(&id) {
+                continue;
+            }
+            let control = RunPaths::control(&self.layout.run_dir(&id));
+            if now >= since + INBOX_WATCH_AFTER {
                 // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
-                let _ = fsutil::mkdir_private(&RunPaths::control(&self.layout.run_dir(&id)));
+                let _ = fsutil::mkdir_private(&control);
                 self.watch.watch_control(&id);
+                self.control_queued(&id); // what landed before the watch
+                continue;
+            }
+            if control.exists() {
                 self.control_queued(&id);
+            }
+            if self.queued.contains(&id) {
+                self.polled_inboxes.push_back((since, id));
             }
         }
     }
