@@ -11,7 +11,9 @@ use std::path::Path;
 pub fn start_identity(pid: u32) -> Option<String> {
     #[cfg(target_os = "linux")]
     {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Perf: one read into a buffer that fits (procfs reports a size of 0).
+        let mut stat = String::with_capacity(1024);
+        std::io::Read::read_to_string(&mut std::fs::File::open(format!("/proc/{pid}/stat")).ok()?, &mut stat).ok()?;
         // The command name may contain spaces and parentheses: fields start after the last ')'.
         let rest = &stat[stat.rfind(')')? + 2..];
         let ticks = rest.split(' ').nth(19)?;

@@ -214,10 +214,13 @@ pub fn lock_held(path: &Path) -> io::Result<bool> {
 pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let f =
         OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
-    if !f.metadata()?.is_file() {
+    let md = f.metadata()?;
+    if !md.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
     }
-    let mut buf = Vec::new();
+    // Perf: sized from the metadata, the read takes two calls instead of one per
+    // doubling of the buffer (`take` hides the size from `read_to_end`).
+    let mut buf = Vec::with_capacity(md.len().min(max) as usize + 1);
     f.take(max).read_to_end(&mut buf)?;
     Ok(buf)
 }
