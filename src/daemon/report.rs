@@ -58,10 +58,30 @@ impl DaemonStatus {
     }
 }
 
+static NOTIFY_SOCKET: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+static WATCHDOG: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+
+/// Read what the service manager put in our environment (`NOTIFY_SOCKET`,
+/// `WATCHDOG_*`), then remove every variable of `runner::SCRUBBED_ENV` from
+/// it, so no child (runner, step, hook, provider) inherits them. Perf: with
+/// nothing to remove, a runner is spawned without copying the environment.
+/// Call it before any other thread starts (it changes the environment).
+pub fn take_service_env() {
+    let _ = notify_socket();
+    let _ = watchdog_interval();
+    for k in crate::runner::SCRUBBED_ENV {
+        std::env::remove_var(k);
+    }
+}
+
+fn notify_socket() -> Option<&'static std::ffi::OsString> {
+    NOTIFY_SOCKET.get_or_init(|| std::env::var_os("NOTIFY_SOCKET")).as_ref()
+}
+
 /// sd_notify(3) without libsystemd: one datagram to `$NOTIFY_SOCKET`.
 /// A no-op outside systemd (and under launchd).
 pub fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Some(path) = notify_socket() else { return };
     let sock = match std::os::unix::net::UnixDatagram::unbound() {
         Ok(s) => s,
         Err(_) => return,
@@ -80,7 +100,7 @@ pub fn sd_notify(state: &str) {
             Ok(0)
         }
     } else {
-        sock.send_to(state.as_bytes(), std::path::Path::new(&path))
+        sock.send_to(state.as_bytes(), std::path::Path::new(path))
     };
     if let Err(e) = r {
         tracing::debug!(error = %e, "sd_notify failed");
@@ -89,6 +109,10 @@ pub fn sd_notify(state: &str) {
 
 /// Half the systemd watchdog period, when one is set for this process.
 pub fn watchdog_interval() -> Option<std::time::Duration> {
+    *WATCHDOG.get_or_init(watchdog_from_env)
+}
+
+fn watchdog_from_env() -> Option<std::time::Duration> {
     let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
     if let Some(pid) = std::env::var("WATCHDOG_PID").ok().and_then(|p| p.parse::<u32>().ok()) {
         if pid != std::process::id() {
