@@ -135,6 +135,8 @@ pub struct Daemon {
     /// Run directories still to be checked after start-up.
     recovery_backlog: Vec<String>,
     running: HashMap<String, Slot>,
+    /// Runs whose runner exited, to be settled by `check_running`.
+    settling: Vec<String>,
     seq: u64,
     report: DaemonStatus,
     last_report_write: Instant,
@@ -235,6 +237,7 @@ impl Daemon {
             claimed: Vec::new(),
             recovery_backlog: Vec::new(),
             running: HashMap::new(),
+            settling: Vec::new(),
             seq: 0,
             report,
             last_report_write: Instant::now(),
@@ -432,7 +435,7 @@ impl Daemon {
     fn next_wake(&self) -> Instant {
         let mut t = self.next_rescan.min(self.next_retention);
         t = t.min(self.last_report_write + Duration::from_secs(60));
-        if !self.running.is_empty() || !self.w.is_idle() || self.low_space.is_some() {
+        if !self.running.is_empty() || !self.settling.is_empty() || !self.w.is_idle() || self.low_space.is_some() {
             t = t.min(Instant::now() + Duration::from_secs(1));
         }
         if let Some(r) = self.spool_retry_at {
@@ -509,8 +512,9 @@ impl Daemon {
         if self.spool_dirty {
             self.scan_spool();
         }
-        self.check_running();
+        self.reap();
         self.schedule();
+        self.check_running();
         self.mark_claimed();
         self.poll_queued_inboxes();
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
@@ -539,7 +543,10 @@ impl Daemon {
         // Runs started by another path (or lost from memory) show up in the active index.
         if let Ok(active) = crate::store::index::list_active(&self.layout) {
             for s in active {
-                if !self.queued.contains(&s.run_id) && !self.running.contains_key(&s.run_id) {
+                let known = self.queued.contains(&s.run_id)
+                    || self.running.contains_key(&s.run_id)
+                    || self.settling.contains(&s.run_id);
+                if !known {
                     self.hooks.track(&self.cfg.hooks, &s.run_id);
                     match s.state {
                         State::Queued => self.enqueue(&s),
@@ -716,24 +723,19 @@ impl Daemon {
 
     /// Reap runners, detect dead ones by their lock, repair.
     fn check_running(&mut self) {
-        let ids: Vec<String> = self.running.keys().cloned().collect();
-        for id in ids {
-            let slot = self.running.get_mut(&id).expect("listed");
-            if let Some(child) = slot.child.as_mut() {
-                match child.try_wait() {
-                    Ok(None) => continue, // our child, still alive
-                    Ok(Some(st)) => {
-                        if !st.success() {
-                            tracing::warn!(run_id = %id, status = %st, "runner exited abnormally");
-                        }
-                        slot.child = None;
-                    }
-                    Err(_) => slot.child = None,
-                }
-            }
+        self.reap();
+        let childless = self.running.iter().filter(|(_, s)| s.child.is_none()).map(|(id, _)| (id.clone(), false));
+        let ids: Vec<(String, bool)> =
+            std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();
+        for (id, reaped) in ids {
             let dir = self.layout.run_dir(&id);
             match supervisor::take_runner_lock(&dir) {
-                Ok(None) => continue, // a live runner holds it
+                Ok(None) => {
+                    // A live runner holds it (one we did not start, after ours exited).
+                    if reaped {
+                        self.running.insert(id, Slot { child: None });
+                    }
+                }
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
                         Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
@@ -744,7 +746,10 @@ impl Daemon {
                     if let Err(e) = r {
                         if is_capacity(&e) {
                             self.w.capacity_error(&dir, &e);
-                            continue; // keep watching it; retry next turn
+                            if reaped {
+                                self.settling.push(id);
+                            }
+                            continue; // retry next turn
                         }
                         tracing::error!(run_id = %id, error = %e, "could not settle a finished run");
                     } else {
@@ -753,12 +758,41 @@ impl Daemon {
                     self.running.remove(&id);
                     self.hooks.ended(&id);
                 }
-                Err(e) if is_capacity(&e) => continue,
+                Err(e) if is_capacity(&e) => {
+                    if reaped {
+                        self.settling.push(id);
+                    }
+                }
                 Err(e) => {
                     tracing::error!(run_id = %id, error = %e, "cannot check the runner lock; forgetting the run");
                     self.running.remove(&id);
                 }
             }
+        }
+    }
+
+    /// Free the slots of runners that exited. Perf: `turn` reaps, schedules,
+    /// and only then settles the finished runs (`check_running`: runner lock,
+    /// status, published markers), so the next queued run starts without
+    /// waiting for that.
+    fn reap(&mut self) {
+        let mut exited = Vec::new();
+        for (id, slot) in &mut self.running {
+            let Some(child) = slot.child.as_mut() else { continue };
+            match child.try_wait() {
+                Ok(None) => {} // our child, still alive
+                Ok(Some(st)) => {
+                    if !st.success() {
+                        tracing::warn!(run_id = %id, status = %st, "runner exited abnormally");
+                    }
+                    exited.push(id.clone());
+                }
+                Err(_) => exited.push(id.clone()),
+            }
+        }
+        for id in exited {
+            self.running.remove(&id);
+            self.settling.push(id);
         }
     }
 
