@@ -51,10 +51,11 @@ case "$profile" in
 esac
 
 if [ "$build" = 1 ]; then
-  "$cargo" build --locked --profile "$profile" --bin runspool >&2
+  "$cargo" build --locked --profile "$profile" --bin runspool --bin runspool-runner >&2
 fi
 bin="$target_dir/$out_dir/runspool"
 [ -x "$bin" ] || { echo "build-deb.sh: no $bin; build it first or drop --no-build" >&2; exit 1; }
+[ -x "$bin-runner" ] || { echo "build-deb.sh: no $bin-runner; build it first (cargo build --bin runspool-runner) or drop --no-build" >&2; exit 1; }
 
 # cargo-deb maps the target/release/ prefix of the assets to this profile's
 # directory, so the generated files live next to the binary they came from.

@@ -83,6 +83,7 @@ fn man_pages() -> BTreeSet<String> {
 fn installed_files(zsh_dir: &str, man_suffix: &str) -> BTreeSet<String> {
     let mut s: BTreeSet<String> = [
         "/usr/bin/runspool".to_string(),
+        "/usr/bin/runspool-runner".into(),
         "/usr/lib/systemd/user/runspool.service".into(),
         "/usr/share/bash-completion/completions/runspool".into(),
         format!("{zsh_dir}/_runspool"),
@@ -145,7 +146,7 @@ fn deb_installs_binary_unit_completions_and_man_pages() {
         if !l.starts_with('d') {
             files.insert(path.to_string());
         }
-        if path == "/usr/bin/runspool" {
+        if path == "/usr/bin/runspool" || path == "/usr/bin/runspool-runner" {
             assert!(l.starts_with("-rwxr-xr-x root/root") || l.starts_with("-rwxr-xr-x 0/0"), "{l}");
         }
     }

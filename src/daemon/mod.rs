@@ -116,7 +116,7 @@ pub struct Daemon {
     layout: Layout,
     cfg: Config,
     config_path: Option<PathBuf>,
-    exe: PathBuf,
+    runner: supervisor::RunnerProgram,
     w: Writer,
     _lock: File,
     tx: Sender<Hint>,
@@ -222,7 +222,7 @@ impl Daemon {
             layout,
             cfg,
             config_path: opts.config,
-            exe,
+            runner: supervisor::RunnerProgram::find(&exe),
             w: Writer::new(),
             _lock: lock,
             tx,
@@ -260,7 +260,7 @@ impl Daemon {
         retention::sweep(&d.layout, d.cfg.retention_days);
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend,
-            queued = d.queue.len(), running = d.running.len(), "runspool daemon started"
+            queued = d.queue.len(), running = d.running.len(), runner = %d.runner.path.display(), "runspool daemon started"
         );
         Ok(d)
     }
@@ -809,7 +809,7 @@ impl Daemon {
             }
             self.watch.unwatch_control(&q.run_id);
             let dir = self.layout.run_dir(&q.run_id);
-            match supervisor::spawn_runner(&self.exe, &dir) {
+            match supervisor::spawn_runner(&self.runner, &dir) {
                 Ok(child) => {
                     self.w.outside_ok();
                     tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use nix::sys::signal::{killpg, Signal};
@@ -17,17 +17,36 @@ use crate::store::{index, results, run, Layout, Writer};
 /// Start `runspool runner <runDir>` detached: its own session (it calls
 /// setsid), stdio on /dev/null until it opens its logs, none of the service
 /// manager's variables.
-pub fn spawn_runner(exe: &Path, run_dir: &Path) -> io::Result<Child> {
-    let mut cmd = Command::new(exe);
+/// The program the daemon starts for each run: `runspool-runner` next to
+/// the daemon's own binary (a smaller binary, quicker to start), else
+/// `runspool runner`.
+pub struct RunnerProgram {
+    pub path: PathBuf,
+    subcommand: bool,
+}
+
+impl RunnerProgram {
+    pub fn find(daemon_exe: &Path) -> RunnerProgram {
+        use std::os::unix::fs::PermissionsExt;
+        let sibling = daemon_exe.with_file_name("runspool-runner");
+        match std::fs::metadata(&sibling) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
+                RunnerProgram { path: sibling, subcommand: false }
+            }
+            _ => RunnerProgram { path: daemon_exe.to_path_buf(), subcommand: true },
+        }
+    }
+}
+
+pub fn spawn_runner(runner: &RunnerProgram, run_dir: &Path) -> io::Result<Child> {
+    let mut cmd = Command::new(&runner.path);
+    if runner.subcommand {
+        cmd.arg("runner");
+    }
     // Perf: stdio is /dev/null here; the runner opens runner.stdout.log and
     // runner.stderr.log itself after its `running` write (runner::open_logs),
     // so two file creations leave the path from drop to runner.
-    cmd.arg("runner")
-        .arg(run_dir)
-        .current_dir(run_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.arg(run_dir).current_dir(run_dir).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     // The daemon removed these from its own environment at start-up
     // (`report::take_service_env`); removing them here too would copy the
     // whole environment for every runner.
@@ -116,4 +135,25 @@ pub fn ensure_published_status(w: &mut Writer, l: &Layout, s: &Status) -> io::Re
         results::finish_terminal(w, l, s)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runner_program_prefers_the_executable_sibling() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let exe = d.path().join("runspool");
+        std::fs::write(&exe, b"").unwrap();
+        let r = RunnerProgram::find(&exe);
+        assert!(r.subcommand && r.path == exe, "no sibling: `runspool runner`");
+        let sibling = d.path().join("runspool-runner");
+        std::fs::write(&sibling, b"").unwrap();
+        assert!(RunnerProgram::find(&exe).subcommand, "a sibling that is not executable is not used");
+        std::fs::set_permissions(&sibling, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = RunnerProgram::find(&exe);
+        assert!(!r.subcommand && r.path == sibling, "the executable sibling is used");
+    }
 }
