@@ -959,6 +959,26 @@ fn scale(env: &Env, runs: usize, active: usize, calls: usize) -> anyhow::Result<
     if let Some(id) = act.first() {
         out.push(time_cli(env, &root, &["status", id], calls)?);
     }
+    // The floor of a full listing, side by side: a process that reads every
+    // name of the session directory and sorts none.
+    let mut v = Vec::new();
+    for i in 0..calls + 1 {
+        let t = Instant::now();
+        let st = Command::new("ls").arg("-f").arg(&sdir).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        if !st.success() {
+            anyhow::bail!("ls -f {} failed ({st})", sdir.display());
+        }
+        if i > 0 {
+            v.push(ms(t.elapsed()));
+        }
+    }
+    out.push(CliResult {
+        what: format!(
+            "`ls -f` of the session directory (reads all {runs} names, sorts none: the floor of a full listing)"
+        ),
+        stats: stats(v),
+        opens: None,
+    });
     Ok(out)
 }
 
@@ -1662,11 +1682,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                 "| command | p50 ms | p90 ms | max ms | files opened (beyond `--version`) |\n|---|---|---|---|---|\n";
             let mut jc = Vec::new();
             for (i, r) in res.iter().enumerate() {
-                let opens = r.opens.map(|o| o.to_string()).unwrap_or_else(|| "n/a (no strace)".into());
-                report += &format!(
-                    "| `{}` | {:.1} | {:.1} | {:.1} | {opens} |\n",
-                    r.what, r.stats.p50, r.stats.p90, r.stats.max
-                );
+                let opens = r.opens.map(|o| o.to_string()).unwrap_or_else(|| "n/a".into());
+                let what = if r.what.contains('`') { r.what.clone() } else { format!("`{}`", r.what) };
+                report +=
+                    &format!("| {what} | {:.1} | {:.1} | {:.1} | {opens} |\n", r.stats.p50, r.stats.p90, r.stats.max);
                 jc.push(json!({"command": r.what, "stats": stats_json(&r.stats), "opens": r.opens}));
                 let o = r.opens.map(|o| o <= 60).unwrap_or(true);
                 let target = match i {

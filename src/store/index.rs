@@ -178,6 +178,34 @@ fn read_marker_names(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The `keep` greatest marker names of `dir`, newest first, and how many
+/// markers it holds. Perf: one pass with a bounded heap, so listing 100,000
+/// markers keeps 1,000 names in memory instead of all of them (the rest of
+/// the time is the kernel's readdir; see docs/performance.md).
+fn newest_marker_names(dir: &Path, keep: usize) -> (Vec<String>, usize) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let Ok(rd) = std::fs::read_dir(dir) else { return (vec![], 0) };
+    let mut heap: BinaryHeap<Reverse<String>> = BinaryHeap::with_capacity(keep + 1);
+    let mut total = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        if n.starts_with('.') || !n.ends_with(".json") {
+            continue;
+        }
+        total += 1;
+        if heap.len() < keep {
+            heap.push(Reverse(n.to_string()));
+        } else if heap.peek().is_some_and(|Reverse(min)| n > min.as_str()) {
+            heap.pop();
+            heap.push(Reverse(n.to_string()));
+        }
+    }
+    // Ascending order of Reverse is descending order of names: newest first.
+    (heap.into_sorted_vec().into_iter().map(|Reverse(n)| n).collect(), total)
+}
+
 /// Names kept in a session's recent cache.
 const CACHE_NAMES: usize = 1000;
 /// A directory changed within this long may still change within the same
@@ -224,15 +252,7 @@ fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
             }
         }
     }
-    let mut names = read_marker_names(dir);
-    let total = names.len();
-    let keep = want.max(CACHE_NAMES);
-    if names.len() > keep {
-        // Perf: partition out the newest instead of sorting all of them.
-        names.select_nth_unstable_by(keep - 1, |a, b| b.cmp(a));
-        names.truncate(keep);
-    }
-    names.sort_unstable_by(|a, b| b.cmp(a));
+    let (mut names, total) = newest_marker_names(dir, want.max(CACHE_NAMES));
     let quiet = crate::now_ms() / 1000 - md.ctime() > CACHE_QUIET_SECS;
     if let (Some(cp), true) = (&cache_path, quiet) {
         let c = RecentCache {
@@ -265,4 +285,26 @@ fn validate_marker(l: &Layout, path: &Path) -> Option<Status> {
         && s.ended_at.map(|e| e.max(0)) == Some(m.ended_at)
         && terminal_marker_path(l, &s) == path;
     ok.then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_marker_names_keeps_the_greatest_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        for i in [7, 3, 42, 19, 0, 25, 11, 38, 4, 30] {
+            std::fs::write(d.path().join(format!("{i:016}-run-{i}.json")), b"").unwrap();
+        }
+        std::fs::write(d.path().join(".0000000000000099-tmp.json"), b"").unwrap();
+        std::fs::write(d.path().join("0000000000000098-notes.txt"), b"").unwrap();
+        let (names, total) = newest_marker_names(d.path(), 4);
+        assert_eq!(total, 10, "dot names and other files are not markers");
+        let want: Vec<String> = [42, 38, 30, 25].iter().map(|i| format!("{i:016}-run-{i}.json")).collect();
+        assert_eq!(names, want);
+        let (all, total) = newest_marker_names(d.path(), 100);
+        assert_eq!((all.len(), total), (10, 10));
+        assert!(all.windows(2).all(|w| w[0] > w[1]), "newest first: {all:?}");
+    }
 }
