@@ -166,12 +166,6 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     })?;
     let req: Request =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
-    let (tx, rx) = channel();
-    let (wake, waker) = UnixStream::pair()?;
-    wake.set_nonblocking(true)?;
-    waker.set_nonblocking(true)?;
-    signal_hook::low_level::pipe::register(libc::SIGCHLD, waker.try_clone()?)?;
-    let post = Post { tx, wake: Arc::new(waker) };
     let mut w = Writer::new();
     let now = crate::now_ms();
     let pid = std::process::id();
@@ -199,6 +193,14 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
     };
+    // The loop's wake socket, set up after the `running` write (off the path
+    // from drop to runner started) and before the first step exists.
+    let (tx, rx) = channel();
+    let (wake, waker) = UnixStream::pair()?;
+    wake.set_nonblocking(true)?;
+    waker.set_nonblocking(true)?;
+    signal_hook::low_level::pipe::register(libc::SIGCHLD, waker.try_clone()?)?;
+    let post = Post { tx, wake: Arc::new(waker) };
     let run_deadline = Instant::now() + Duration::from_millis(status.timeout_ms);
     let mut r = Runner {
         layout,
