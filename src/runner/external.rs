@@ -342,12 +342,12 @@ impl Driver {
             let _ = fsutil::remove_if_exists(&self.dir.join(REQUESTS).join(format!("{id}.json")));
             let _ = fsutil::remove_if_exists(&self.dir.join(RESPONSES).join(format!("{id}.json")));
         }
-        let _ = self.tx.send(Msg::External(self.i, Event::Done(o)));
+        self.tx.send(Msg::External(self.i, Event::Done(o)));
     }
 
     fn publish(&mut self, line: Option<String>) {
         self.job.insert("updatedAt".into(), json!(crate::now_ms()));
-        let _ = self.tx.send(Msg::External(self.i, Event::Update { job: Value::Object(self.job.clone()), line }));
+        self.tx.send(Msg::External(self.i, Event::Update { job: Value::Object(self.job.clone()), line }));
     }
 
     fn outcome(&self, kind: Kind, error: Option<String>, output_file: Option<String>) -> Outcome {
