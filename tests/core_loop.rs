@@ -651,6 +651,35 @@ fn stop_of_long_queued_run_is_seen_through_the_watch() {
     env.check_consistency();
 }
 
+/// The daemon starts `runspool-runner DIR` from its own directory, and
+/// `runspool runner DIR` when that file is not there (a lone copy of the
+/// binary): each run's step sees which one is its parent.
+#[cfg(target_os = "linux")]
+#[test]
+fn runner_is_the_sibling_binary_or_the_subcommand() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = "tr '\\0' ' ' < /proc/$PPID/cmdline";
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("via-sibling"), &env.work, vec![sh_step("p", parent)]));
+    assert_eq!(env.wait_terminal("via-sibling")["state"], "complete");
+    let out = env.output_log("via-sibling", 0);
+    assert!(out.contains("runspool-runner ") && out.contains("via-sibling"), "parent of the step: {out}");
+    env.term();
+    let lone = env.base().join("lone");
+    fs::create_dir_all(&lone).unwrap();
+    let bin = lone.join("runspool");
+    fs::copy(BIN, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let cmd = env.daemon_command_for(&bin, &env.root);
+    env.start_daemon_command(cmd);
+    env.submit(&request(Some("via-subcommand"), &env.work, vec![sh_step("p", parent)]));
+    assert_eq!(env.wait_terminal("via-subcommand")["state"], "complete");
+    let out = env.output_log("via-subcommand", 0);
+    assert!(out.contains("lone/runspool runner ") && out.contains("via-subcommand"), "parent of the step: {out}");
+    env.check_consistency();
+}
+
 #[test]
 fn priority_higher_first() {
     let mut env = TestEnv::with_config(ONE_AT_A_TIME);
