@@ -721,9 +721,9 @@ impl Daemon {
         self.watch.unwatch_control(run_id);
     }
 
-    /// Reap runners, detect dead ones by their lock, repair.
+    /// Settle the runs whose runner `reap` saw exit, and check runners we did
+    /// not start (re-adopted ones) by their lock; repair the dead ones.
     fn check_running(&mut self) {
-        self.reap();
         let childless = self.running.iter().filter(|(_, s)| s.child.is_none()).map(|(id, _)| (id.clone(), false));
         let ids: Vec<(String, bool)> =
             std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();

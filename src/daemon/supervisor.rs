@@ -14,9 +14,6 @@ use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use crate::store::{index, results, run, Layout, Writer};
 
-/// Start `runspool runner <runDir>` detached: its own session (it calls
-/// setsid), stdio on /dev/null until it opens its logs, none of the service
-/// manager's variables.
 /// The program the daemon starts for each run: `runspool-runner` next to
 /// the daemon's own binary (a smaller binary, quicker to start), else
 /// `runspool runner`.
@@ -38,6 +35,9 @@ impl RunnerProgram {
     }
 }
 
+/// Start the runner for `run_dir` detached: its own session (it calls
+/// setsid), stdio on /dev/null until it opens its logs, none of the service
+/// manager's variables.
 pub fn spawn_runner(runner: &RunnerProgram, run_dir: &Path) -> io::Result<Child> {
     let mut cmd = Command::new(&runner.path);
     if runner.subcommand {

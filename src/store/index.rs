@@ -172,10 +172,12 @@ fn newest_valid(
 /// listing 100,000 markers).
 fn read_marker_names(dir: &Path) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir(dir) else { return vec![] };
-    rd.flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
-        .collect()
+    rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| is_marker_name(n)).collect()
+}
+
+/// A terminal marker's file name (dot names are temps and caches).
+fn is_marker_name(n: &str) -> bool {
+    !n.starts_with('.') && n.ends_with(".json")
 }
 
 /// The `keep` greatest marker names of `dir`, newest first, and how many
@@ -190,10 +192,7 @@ fn newest_marker_names(dir: &Path, keep: usize) -> (Vec<String>, usize) {
     let mut total = 0;
     for e in rd.flatten() {
         let name = e.file_name();
-        let Some(n) = name.to_str() else { continue };
-        if n.starts_with('.') || !n.ends_with(".json") {
-            continue;
-        }
+        let Some(n) = name.to_str().filter(|n| is_marker_name(n)) else { continue };
         total += 1;
         if heap.len() < keep {
             heap.push(Reverse(n.to_string()));
