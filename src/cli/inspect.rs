@@ -40,7 +40,7 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     let s = load(layout, &id)?;
     println!("run       {}", s.run_id);
     println!("state     {}{}", s.state.as_str(), s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default());
-    println!("mode      {:?}", s.mode);
+    println!("mode      {}", s.mode);
     println!("session   {}", s.session_id);
     println!("cwd       {}", s.cwd);
     println!("started   {}", ago(s.started_at));
@@ -53,7 +53,7 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     println!("dir       {}", layout.run_dir(&id).display());
     for (i, st) in s.steps.iter().enumerate() {
         let code = st.exit_code.map(|c| format!("exit {c}")).unwrap_or_default();
-        println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, format!("{:?}", st.status).to_lowercase());
+        println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
     }
     Ok(0)
 }
@@ -91,7 +91,7 @@ pub fn list(
             "{:<38} {:<9} {:<8} {:>5} {:<12} {}",
             s.run_id,
             s.state.as_str(),
-            format!("{:?}", s.mode).to_lowercase(),
+            s.mode.as_str(),
             s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
             ago(s.ended_at.unwrap_or(s.last_update)),
             s.session_id

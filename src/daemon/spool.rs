@@ -700,7 +700,7 @@ pub fn is_half_claimed(dir: &Path) -> bool {
 /// Steps that never ran, for runs ended before starting.
 pub fn skip_all(s: &mut Status, status: StepState, msg: &str) {
     for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
-        st.status = status;
+        st.status = status.clone();
         st.exit_code = Some(-1);
         st.duration_ms = Some(0);
         st.error = Some(msg.to_string());

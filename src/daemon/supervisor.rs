@@ -73,7 +73,7 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
     }
     // Kill what is left of the run's step process groups first.
     for st in &cur.steps {
-        if let (StepState::Running, Some(pgid)) = (st.status, st.pid) {
+        if let (StepState::Running, Some(pgid)) = (&st.status, st.pid) {
             if !crate::platform::run_processes_in_group(pgid, run_id).is_empty() {
                 tracing::warn!(run_id, pgid, "killing the step process group left by a dead runner");
                 let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);

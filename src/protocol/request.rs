@@ -143,12 +143,15 @@ fn unique_map<'de, D: Deserializer<'de>>(d: D) -> Result<Env, D::Error> {
     d.deserialize_map(V)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Single,
-    Chain,
-    Parallel,
+super::open_enum! {
+    /// `mode` of a run: runspool derives single, chain or parallel (§2.2);
+    /// pi-subagents 0.67 also writes `workflow`.
+    pub enum Mode {
+        Single => "single",
+        Chain => "chain",
+        Parallel => "parallel",
+        Workflow => "workflow",
+    }
 }
 
 impl Request {

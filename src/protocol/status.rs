@@ -7,44 +7,43 @@ use serde_json::{Map, Value};
 
 use super::request::Mode;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    Queued,
-    Running,
-    Complete,
-    Failed,
-    Paused,
-    Stopped,
-    Rejected,
+super::open_enum! {
+    /// A run's `state` (§4). `partial` is written by pi-subagents 0.67 hosts
+    /// (some parallel members failed); runspool never writes it.
+    pub enum State {
+        Queued => "queued",
+        Running => "running",
+        Complete => "complete",
+        Failed => "failed",
+        Paused => "paused",
+        Stopped => "stopped",
+        Rejected => "rejected",
+        Partial => "partial",
+    }
 }
 
 impl State {
-    pub fn is_active(self) -> bool {
+    /// Only `queued` and `running` are active; every other value, unknown
+    /// ones included, is terminal (§4).
+    pub fn is_active(&self) -> bool {
         matches!(self, State::Queued | State::Running)
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Queued => "queued",
-            State::Running => "running",
-            State::Complete => "complete",
-            State::Failed => "failed",
-            State::Paused => "paused",
-            State::Stopped => "stopped",
-            State::Rejected => "rejected",
-        }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StepState {
-    Pending,
-    Running,
-    Complete,
-    Failed,
-    Paused,
-    Stopped,
+super::open_enum! {
+    /// A step's `status`. pi-subagents 0.67 also writes `completed`,
+    /// `partial` and `rejected`; runspool writes the first six.
+    pub enum StepState {
+        Pending => "pending",
+        Running => "running",
+        Complete => "complete",
+        Failed => "failed",
+        Paused => "paused",
+        Stopped => "stopped",
+        Completed => "completed",
+        Partial => "partial",
+        Rejected => "rejected",
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -128,6 +127,8 @@ impl StepStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     pub run_id: String,
+    /// Optional in pi-subagents' statuses; runspool always writes it.
+    #[serde(default)]
     pub session_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
@@ -136,6 +137,8 @@ pub struct Status {
     pub mode: Mode,
     pub state: State,
     pub started_at: i64,
+    /// Optional in pi-subagents' statuses; runspool always writes it.
+    #[serde(default)]
     pub last_update: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<i64>,
@@ -281,5 +284,44 @@ impl Status {
             .find(|s| s.status == StepState::Failed && s.exit_code.is_some_and(|c| c > 0))
             .and_then(|s| s.exit_code)
             .unwrap_or(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A status as a pi-subagents 0.67 host writes it: values runspool does not
+    /// write, optional fields left out, fields of its own. It parses, and a
+    /// rewrite keeps every value as written.
+    #[test]
+    fn pi_0_67_states_modes_and_step_statuses_parse_and_round_trip() {
+        let raw = serde_json::json!({
+            "runId": "pi-1", "mode": "workflow", "state": "partial", "startedAt": 5,
+            "lifecycleArtifactVersion": 3, "workflowGraph": {"nodes": []},
+            "steps": [
+                {"agent": "a", "status": "completed", "exitCode": null},
+                {"agent": "b", "status": "rejected"},
+                {"agent": "c", "status": "some-future-status"}
+            ]
+        });
+        let s: Status = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(s.state, State::Partial);
+        assert!(!s.state.is_active(), "partial is terminal");
+        assert_eq!(s.mode, Mode::Workflow);
+        assert_eq!(s.steps[0].status, StepState::Completed);
+        assert_eq!(s.steps[1].status, StepState::Rejected);
+        assert_eq!(s.steps[2].status.as_str(), "some-future-status");
+        let back = serde_json::to_value(&s).unwrap();
+        for k in ["mode", "state", "lifecycleArtifactVersion", "workflowGraph"] {
+            assert_eq!(back[k], raw[k], "{k} kept");
+        }
+        assert_eq!(back["steps"][2]["status"], "some-future-status");
+        let odd: Status = serde_json::from_value(
+            serde_json::json!({"runId": "x", "mode": "swarm", "state": "thinking", "startedAt": 1}),
+        )
+        .unwrap();
+        assert!(!odd.state.is_active(), "an unknown state is not active");
+        assert_eq!((odd.mode.as_str(), odd.state.as_str()), ("swarm", "thinking"));
     }
 }

@@ -635,13 +635,13 @@ impl Runner {
             None => (State::Complete, StepState::Complete, ""),
         };
         for st in self.status.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
-            st.status = skip_status;
+            st.status = skip_status.clone();
             st.exit_code = Some(-1);
             st.duration_ms = Some(0);
             st.error = Some(skip_msg.to_string());
         }
         let s = &mut self.status;
-        s.state = state;
+        s.state = state.clone();
         s.ended_at = Some(now);
         s.timed_out = self.halt == Some(Halt::Timeout) || self.step_timed_out;
         s.stopped = self.halt == Some(Halt::Stop);
