@@ -179,9 +179,16 @@ impl Pi {
             spec["extra"] = json!({"workflow": {"goal": "[prompt redacted]"}, "workflowKey": "wf-main"});
         }
         let v = self.ok(env, "writePiRun", spec);
-        // The run is one pi itself accepts.
+        // The run is one pi itself accepts, and nobody has rewritten it since.
         let st = self.ok(env, "readStatus", json!({"asyncDir": env.run_dir(run_id)}));
-        assert_eq!(st["state"], state, "{st}");
+        assert_eq!(
+            st["state"],
+            state,
+            "pi wrote {run_id} in state {state}, but its status.json says {} moments later: another writer \
+             (the runspool daemon?) rewrote a run it did not launch:\n{st}\n{}",
+            st["state"],
+            env.log_tail(20)
+        );
         v
     }
 }
