@@ -219,7 +219,7 @@ fn retention_never_follows_a_marker_outside_runspools_own_runs() {
     write_pi_run(&env, "pi-old", pi_status("pi-old", "complete", "single", None, Some(old)), true);
     let sdir = env.terminal_dir().join("evil");
     fs::create_dir_all(&sdir).unwrap();
-    let rel = format!("../../../work/precious");
+    let rel = "../../work/precious".to_string();
     let targets = [rel.as_str(), outside.to_str().unwrap(), "bare-dir", "..", "."];
     for (i, t) in targets.iter().enumerate() {
         let m = json!({"version": 1, "runId": t, "sessionId": "evil", "endedAt": old + i as i64});
