@@ -236,3 +236,23 @@ fn retention_never_follows_a_marker_outside_runspools_own_runs() {
     assert!(outside.join("sub/file").exists() && env.runs().exists() && env.root.exists());
     assert!(list_names(&env.terminal_dir().join(seg("pi-session"))).len() == 1, "another host's marker stays");
 }
+
+/// `.active-runs/tool-calls` that is not a directory (ENOTDIR for every
+/// alias) must never keep a run's own active marker in place.
+#[test]
+fn a_broken_tool_call_alias_root_never_strands_the_active_marker() {
+    let mut env = TestEnv::with_config(FAST);
+    env.start_daemon();
+    // A symlink to a file: every path through it fails with ENOTDIR, and no
+    // index reader takes it for a marker of its own (only regular files are).
+    let target = env.work.join("not-a-directory");
+    fs::write(&target, b"not a directory").unwrap();
+    std::os::unix::fs::symlink(&target, env.active_dir().join("tool-calls")).unwrap();
+    let mut req = request(Some("alias-1"), &env.work, vec![cmd_step("a", &["true"])]);
+    req["toolCallId"] = json!("call/with+odd=chars");
+    env.submit(&req);
+    assert_eq!(env.wait_terminal("alias-1")["state"], "complete");
+    wait_until(Duration::from_secs(30), "active marker removed", || !env.active_dir().join("alias-1").exists());
+    assert!(env.result_path("alias-1").exists());
+    assert_eq!(fs::read(env.active_dir().join("tool-calls")).unwrap(), b"not a directory", "left as it was");
+}

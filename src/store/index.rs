@@ -45,10 +45,15 @@ pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
     }
 }
 
+/// Remove the run's active marker and its tool-call alias. The alias is
+/// optional (§6.1): whatever stands in its way (`tool-calls` not a directory,
+/// ENOTDIR, a permission problem) never keeps the marker itself in place.
 pub fn unmark_active(l: &Layout, run_id: &str, tool_call_id: Option<&str>) -> io::Result<()> {
     if let Some(tc) = tool_call_id {
         let dir = alias_dir(l, tc);
-        remove_if_exists(&dir.join(run_id))?;
+        if let Err(e) = remove_if_exists(&dir.join(run_id)) {
+            tracing::debug!(run_id, error = %e, path = %dir.display(), "could not remove the tool-call alias");
+        }
         let _ = std::fs::remove_dir(&dir); // only succeeds when empty
     }
     remove_if_exists(&l.active().join(run_id))
