@@ -132,6 +132,7 @@ fn single_step_complete_with_env_indexes_and_result() {
     assert_eq!(idx["version"], 1);
     assert_eq!(idx["runId"], id);
     assert_eq!(idx["sessionId"], "sess-a");
+    assert_eq!(idx["file"], format!("{id}.json"), "the bare file name, as pi-subagents 0.67 requires");
 
     // indexes
     wait_until(LONG, "active marker removed", || !env.active_dir().join(id).exists());

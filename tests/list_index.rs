@@ -129,7 +129,8 @@ fn active_ignores_and_removes_stale_markers() {
     write_file_mode(&env.active_dir().join("done-run"), b"", 0o600);
     // Stale: marker without a run directory.
     write_file_mode(&env.active_dir().join("missing-run"), b"", 0o600);
-    // Stale: run directory without status.json.
+    // Not stale: a run directory without status.json may be another host's
+    // launch in progress (PROTOCOL §14); its marker is left alone.
     mkdir_0700(&env.run_dir("no-status"));
     write_file_mode(&env.active_dir().join("no-status"), b"", 0o600);
 
@@ -139,9 +140,10 @@ fn active_ignores_and_removes_stale_markers() {
     assert_eq!(list_ids(&v), vec![live.to_string()]);
     assert_eq!(v[0]["state"], "queued");
     assert!(env.active_dir().join(live).exists(), "the live marker stays");
-    for stale in ["done-run", "missing-run", "no-status"] {
+    for stale in ["done-run", "missing-run"] {
         assert!(!env.active_dir().join(stale).exists(), "stale marker {stale} removed");
     }
+    assert!(env.active_dir().join("no-status").exists(), "a marker of a run without a status yet stays");
     assert!(env.run_dir("done-run").join("status.json").exists(), "the reader only removes markers, never runs");
 
     // Text output names the live run.

@@ -29,6 +29,28 @@ fn ago(ms: i64) -> String {
     }
 }
 
+/// Who launched a run, as `list` and `status` show it: runspool supervises
+/// only its own runs; the others are shown read-only (PROTOCOL §14).
+fn launched_by(o: run::Ownership) -> &'static str {
+    if o.is_ours() {
+        "runspool"
+    } else {
+        "other"
+    }
+}
+
+/// One `list --json` row: the run's status.json with `launchedBy`
+/// ("runspool" or "other"), or for a status that cannot be read, its run id
+/// and `statusError`.
+fn listed_json(x: &index::Listed) -> serde_json::Value {
+    let mut v = match &x.status {
+        Ok(s) => serde_json::to_value(s).unwrap_or_else(|_| json!({})),
+        Err(e) => json!({"runId": x.run_id, "statusError": e}),
+    };
+    v["launchedBy"] = json!(launched_by(x.ownership));
+    v
+}
+
 pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     let id = resolve(layout, run)?;
     if json {
@@ -37,8 +59,23 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         println!();
         return Ok(0);
     }
-    let s = load(layout, &id)?;
+    let dir = layout.run_dir(&id);
+    let s = match load(layout, &id) {
+        Ok(s) => s,
+        Err(e) if !run::ownership(&dir, None).is_ours() => {
+            // Another host's run whose status runspool cannot read: report it, touch nothing.
+            println!("run       {id}");
+            println!("launched  by another host (runspool only reads this run)");
+            println!("status    unreadable: {e:#}");
+            println!("dir       {}", dir.display());
+            return Ok(0);
+        }
+        Err(e) => return Err(e),
+    };
     println!("run       {}", s.run_id);
+    if !run::ownership(&dir, Some(&s)).is_ours() {
+        println!("launched  by another host (runspool only reads this run)");
+    }
     println!("state     {}{}", s.state.as_str(), s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default());
     println!("mode      {}", s.mode);
     println!("session   {}", s.session_id);
@@ -65,37 +102,43 @@ pub fn list(
     session: Option<&str>,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let mut out: Vec<Status> = Vec::new();
+    let mut out: Vec<index::Listed> = Vec::new();
     if recent.is_none() {
         out.extend(
             index::list_active(layout)
                 .with_context(|| format!("cannot read {}", layout.active().display()))?
                 .into_iter()
-                .filter(|s| session.is_none_or(|x| s.session_id == x)),
+                .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want))),
         );
     }
     if !active {
         out.extend(index::list_recent(layout, session, recent.unwrap_or(20))?);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        let rows: Vec<serde_json::Value> = out.iter().map(listed_json).collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(0);
     }
     if out.is_empty() {
         eprintln!("no runs under {}", layout.runs().display());
         return Ok(0);
     }
-    println!("{:<38} {:<9} {:<8} {:>5} {:<12} SESSION", "RUN", "STATE", "MODE", "EXIT", "UPDATED");
-    for s in out {
-        println!(
-            "{:<38} {:<9} {:<8} {:>5} {:<12} {}",
-            s.run_id,
-            s.state.as_str(),
-            s.mode.as_str(),
-            s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            ago(s.ended_at.unwrap_or(s.last_update)),
-            s.session_id
-        );
+    println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} SESSION", "RUN", "STATE", "MODE", "EXIT", "UPDATED", "BY");
+    for x in out {
+        let by = launched_by(x.ownership);
+        match &x.status {
+            Ok(s) => println!(
+                "{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} {}",
+                s.run_id,
+                s.state.as_str(),
+                s.mode.as_str(),
+                s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
+                by,
+                s.session_id
+            ),
+            Err(e) => println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} ({e})", x.run_id, "?", "?", "-", "-", by),
+        }
     }
     Ok(0)
 }
@@ -234,6 +277,12 @@ impl Progress {
 pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool) -> anyhow::Result<i32> {
     let id = resolve(layout, run)?;
     let s = load(layout, &id)?;
+    if !run::ownership(&layout.run_dir(&id), Some(&s)).is_ours() {
+        bail!(
+            "run {id} was launched by another host (pi-subagents), not by runspool; runspool never writes into it. \
+             Stop it from the host that launched it"
+        );
+    }
     if !s.state.is_active() {
         bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
     }

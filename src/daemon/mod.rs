@@ -137,6 +137,9 @@ pub struct Daemon {
     running: HashMap<String, Slot>,
     /// Runs whose runner exited, to be settled by `check_running`.
     settling: Vec<String>,
+    /// Active runs of other hosts (pi-subagents) found in the active index:
+    /// read-only to runspool (§14), but their bridge requests are serviced.
+    foreign: HashSet<String>,
     seq: u64,
     report: DaemonStatus,
     last_report_write: Instant,
@@ -238,6 +241,7 @@ impl Daemon {
             recovery_backlog: Vec::new(),
             running: HashMap::new(),
             settling: Vec::new(),
+            foreign: HashSet::new(),
             seq: 0,
             report,
             last_report_write: Instant::now(),
@@ -311,6 +315,21 @@ impl Daemon {
     /// Recovery of one run directory (PROTOCOL §12); queued runs go to `queued`.
     fn recover_run(&mut self, id: &str, queued: &mut Vec<Status>) {
         let dir = self.layout.run_dir(id);
+        if !run::claimed(&dir) {
+            // Not claimed by runspool: another host's run is never touched
+            // (§14) beyond servicing its bridge requests; only a rejection of
+            // ours may need its publication finished.
+            if let Ok(Some(s)) = run::read_status(&dir) {
+                if s.state.is_active() {
+                    self.foreign.insert(id.to_string());
+                } else if run::ownership(&dir, Some(&s)) == run::Ownership::Rejection {
+                    if let Err(e) = supervisor::ensure_published_status(&mut self.w, &self.layout, &s) {
+                        tracing::warn!(run_id = %id, error = %e, "could not finish publishing a rejected run");
+                    }
+                }
+            }
+            return;
+        }
         // Only a directory changed since the previous daemon started can hold a fresh temp.
         if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.mtime() * 1000 >= self.previous_start - 60_000) {
             fsutil::sweep_temps(&dir);
@@ -435,7 +454,13 @@ impl Daemon {
     fn next_wake(&self) -> Instant {
         let mut t = self.next_rescan.min(self.next_retention);
         t = t.min(self.last_report_write + Duration::from_secs(60));
-        if !self.running.is_empty() || !self.settling.is_empty() || !self.w.is_idle() || self.low_space.is_some() {
+        // Other hosts' active runs too: their bridge requests are swept once a second.
+        if !self.running.is_empty()
+            || !self.foreign.is_empty()
+            || !self.settling.is_empty()
+            || !self.w.is_idle()
+            || self.low_space.is_some()
+        {
             t = t.min(Instant::now() + Duration::from_secs(1));
         }
         if let Some(r) = self.spool_retry_at {
@@ -517,7 +542,7 @@ impl Daemon {
         self.check_running();
         self.mark_claimed();
         self.poll_queued_inboxes();
-        self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
+        self.bridge.turn(&self.layout, self.running.keys().chain(self.foreign.iter()), &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
@@ -540,9 +565,21 @@ impl Daemon {
         for id in ids {
             self.control_queued(&id);
         }
-        // Runs started by another path (or lost from memory) show up in the active index.
+        self.scan_active_index();
+    }
+
+    /// Runs of ours started by another path (or lost from memory) show up in
+    /// the active index and are adopted; other hosts' active runs are noted
+    /// for the bridge only (§14).
+    fn scan_active_index(&mut self) {
         if let Ok(active) = crate::store::index::list_active(&self.layout) {
-            for s in active {
+            self.foreign.clear();
+            for x in active {
+                let Ok(s) = x.status else { continue };
+                if !x.ownership.is_ours() {
+                    self.foreign.insert(x.run_id);
+                    continue;
+                }
                 let known = self.queued.contains(&s.run_id)
                     || self.running.contains_key(&s.run_id)
                     || self.settling.contains(&s.run_id);
@@ -729,6 +766,14 @@ impl Daemon {
             std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();
         for (id, reaped) in ids {
             let dir = self.layout.run_dir(&id);
+            if !run::claimed(&dir) {
+                // Only runs we claimed get here; should one ever lose its
+                // request.json, taking its lock would write into a directory
+                // that may not be ours (§14).
+                tracing::warn!(run_id = %id, path = %dir.display(), "run has no request.json; no longer supervised");
+                self.running.remove(&id);
+                continue;
+            }
             match supervisor::take_runner_lock(&dir) {
                 Ok(None) => {
                     // A live runner holds it (one we did not start, after ours exited).

@@ -1,12 +1,17 @@
 //! Retention (PROTOCOL §12): terminal runs other than `paused` older than the
 //! limit are removed with their results; the run directory is first renamed
 //! to `.deleting-run-<uuid>` so a half-removed run never looks like a run.
+//!
+//! A terminal marker is a hint, never a path (§14): retention removes only a
+//! directory directly under the runs root, named by the run-id grammar, that
+//! runspool launched, whose status parses and is terminal (not `paused`) and
+//! ended before the cutoff. Other hosts' runs and their markers stay as they are.
 
 use std::path::Path;
 
 use crate::protocol::seg::{seg, seg250};
-use crate::protocol::status::State;
-use crate::store::{index, run, Layout};
+use crate::protocol::status::{State, Status, TerminalMarker};
+use crate::store::{fsutil, index, run, Layout};
 
 pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     remove_leftovers(&l.runs());
@@ -17,41 +22,21 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     let mut removed = 0;
     let Ok(sessions) = std::fs::read_dir(l.terminal()) else { return 0 };
     for sdir in sessions.flatten() {
+        if !sdir.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
         let Ok(markers) = std::fs::read_dir(sdir.path()) else { continue };
         for m in markers.flatten() {
             let name = m.file_name().to_string_lossy().into_owned();
             // The name starts with the zero-padded end time: no need to open young markers.
             let Some(ended) = name.get(..16).and_then(|s| s.parse::<i64>().ok()) else { continue };
-            if ended >= cutoff {
+            if ended >= cutoff || name.starts_with('.') {
                 continue;
             }
-            let Ok(bytes) = std::fs::read(m.path()) else { continue };
-            let Ok(marker) = serde_json::from_slice::<crate::protocol::status::TerminalMarker>(&bytes) else {
-                continue;
-            };
-            let dir = l.run_dir(&marker.run_id);
-            match run::read_status(&dir) {
-                Ok(Some(s)) if s.state == State::Paused || s.state.is_active() => continue,
-                Ok(Some(s)) if s.ended_at.unwrap_or(0) >= cutoff => continue,
-                Ok(_) => {}
-                Err(_) => continue,
-            }
-            let _ = std::fs::remove_file(l.results().join(format!("{}.json", marker.run_id)));
-            let _ = std::fs::remove_file(
-                l.results()
-                    .join("result-index/sessions")
-                    .join(seg(&marker.session_id))
-                    .join(format!("{}.json", seg250(&marker.run_id))),
-            );
-            if dir.exists() {
-                let tomb = l.runs().join(format!(".deleting-run-{}", uuid::Uuid::new_v4()));
-                if std::fs::rename(&dir, &tomb).is_ok() {
-                    let _ = std::fs::remove_dir_all(&tomb);
-                }
-            }
-            let _ = index::unmark_active(l, &marker.run_id, None);
-            let _ = std::fs::remove_file(m.path());
-            tracing::info!(run_id = %marker.run_id, "retention removed an old run");
+            let Ok(bytes) = fsutil::read_nofollow(&m.path(), 64 * 1024) else { continue };
+            let Ok(marker) = serde_json::from_slice::<TerminalMarker>(&bytes) else { continue };
+            let Some(s) = expired(l, &marker, cutoff) else { continue };
+            remove_run(l, &s, &m.path());
             removed += 1;
         }
         let _ = std::fs::remove_dir(sdir.path()); // only when empty
@@ -59,11 +44,47 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     removed
 }
 
+/// The status of the run `m` names when retention may remove it, else None.
+fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<Status> {
+    // The grammar has no `/` and no leading dot: the name cannot leave the runs root.
+    if !crate::protocol::is_id(&m.run_id, 128) {
+        return None;
+    }
+    let dir = l.run_dir(&m.run_id);
+    if !std::fs::symlink_metadata(&dir).ok()?.file_type().is_dir() {
+        return None;
+    }
+    let s = run::read_status(&dir).ok()??;
+    let ok = s.run_id == m.run_id
+        && run::ownership(&dir, Some(&s)).is_ours()
+        && !s.state.is_active()
+        && s.state != State::Paused
+        && s.ended_at.is_some_and(|e| e < cutoff);
+    ok.then_some(s)
+}
+
+/// Results and index entries first, then the marker, then the directory: a
+/// crash in between leaves a terminal run without its marker, which the next
+/// start publishes again and the next sweep removes.
+fn remove_run(l: &Layout, s: &Status, marker: &Path) {
+    let _ = fsutil::remove_if_exists(&l.results().join(format!("{}.json", s.run_id)));
+    let _ = fsutil::remove_if_exists(
+        &l.results().join("result-index/sessions").join(seg(&s.session_id)).join(format!("{}.json", seg250(&s.run_id))),
+    );
+    let _ = index::unmark_active(l, &s.run_id, s.tool_call_id.as_deref());
+    let _ = fsutil::remove_if_exists(marker);
+    let tomb = l.runs().join(format!(".deleting-run-{}", uuid::Uuid::new_v4()));
+    if std::fs::rename(l.run_dir(&s.run_id), &tomb).is_ok() {
+        let _ = std::fs::remove_dir_all(&tomb);
+    }
+    tracing::info!(run_id = %s.run_id, "retention removed an old run");
+}
+
 /// Finish removals cut short by a crash.
 fn remove_leftovers(runs: &Path) {
     let Ok(rd) = std::fs::read_dir(runs) else { return };
     for e in rd.flatten() {
-        if e.file_name().to_string_lossy().starts_with(".deleting-run-") {
+        if e.file_name().to_string_lossy().starts_with(".deleting-run-") && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

@@ -230,7 +230,11 @@ impl Claimer<'_> {
                     );
                     return self.reject(path, name, r, None);
                 }
-                if RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists() {
+                // Nothing is created in a run directory before the commit, so the
+                // trace of an interrupted claim is empty. Anything else there is
+                // another run's, possibly another host's (§14): never move into it.
+                let empty = std::fs::read_dir(&dir).map(|mut rd| rd.next().is_none()).unwrap_or(false);
+                if !empty {
                     let r = Rejection::new(
                         "duplicate-run-id",
                         format!(
@@ -513,7 +517,7 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
         Some([_]) => crate::protocol::request::Mode::Single,
         _ => crate::protocol::request::Mode::Chain,
     };
-    let status = Status {
+    let mut status = Status {
         run_id: run_id.to_string(),
         session_id: text("sessionId").filter(|s| s.len() <= 4096).unwrap_or_else(|| "default".into()),
         tool_call_id: text("toolCallId").filter(|s| s.len() <= 4096),
@@ -540,6 +544,7 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
         steps: vec![],
         extra: Default::default(),
     };
+    status.mark_launched_by_runspool();
     // One idempotent operation, retried by the writer while storage is full:
     // the entry is already in rejected/, so the run must follow.
     let (l, run_id, code, message) = (l.clone(), run_id.to_string(), r.code, r.message.clone());

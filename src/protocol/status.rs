@@ -225,6 +225,16 @@ pub struct RunResult {
 }
 
 impl Status {
+    /// True when runspool wrote this status's first version (`launchedBy`).
+    pub fn launched_by_runspool(&self) -> bool {
+        self.extra.get("launchedBy").and_then(Value::as_str) == Some("runspool")
+    }
+
+    /// Mark a status runspool creates as its own (`launchedBy: "runspool"`).
+    pub fn mark_launched_by_runspool(&mut self) {
+        self.extra.insert("launchedBy".into(), Value::String("runspool".into()));
+    }
+
     /// The `queued` status written at claim time (PROTOCOL §2.3 step 8).
     pub fn queued(req: &super::request::Request, run_id: &str, run_dir: &std::path::Path, now: i64) -> Status {
         use super::request::Item;
@@ -269,7 +279,7 @@ impl Status {
             queue: QueueInfo { priority: req.priority, claimed_at: now },
             output_file: None,
             steps,
-            extra: Map::new(),
+            extra: Map::from_iter([("launchedBy".to_string(), Value::String("runspool".into()))]),
         }
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::fsutil::{self, mkdir_private, remove_if_exists};
 use super::layout::Layout;
-use super::run::read_status;
+use super::run::{ownership, read_status, Ownership};
 use crate::protocol::seg::seg;
 use crate::protocol::status::{terminal_marker_name, Status, TerminalMarker};
 
@@ -45,10 +45,15 @@ pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
     }
 }
 
+/// Remove the run's active marker and its tool-call alias. The alias is
+/// optional (§6.1): whatever stands in its way (`tool-calls` not a directory,
+/// ENOTDIR, a permission problem) never keeps the marker itself in place.
 pub fn unmark_active(l: &Layout, run_id: &str, tool_call_id: Option<&str>) -> io::Result<()> {
     if let Some(tc) = tool_call_id {
         let dir = alias_dir(l, tc);
-        remove_if_exists(&dir.join(run_id))?;
+        if let Err(e) = remove_if_exists(&dir.join(run_id)) {
+            tracing::debug!(run_id, error = %e, path = %dir.display(), "could not remove the tool-call alias");
+        }
         let _ = std::fs::remove_dir(&dir); // only succeeds when empty
     }
     remove_if_exists(&l.active().join(run_id))
@@ -70,9 +75,30 @@ pub fn mark_terminal(l: &Layout, s: &Status) -> io::Result<()> {
     fsutil::write_atomic(&path, &serde_json::to_vec(&m).map_err(io::Error::other)?, false)
 }
 
-/// Active runs from the index. Stale markers (run directory or status
-/// missing, or status terminal) are removed.
-pub fn list_active(l: &Layout) -> io::Result<Vec<Status>> {
+/// A run found through an index, with whose it is (PROTOCOL §14) and its
+/// status, or why the status could not be read (reported, never a reason to
+/// delete anything).
+#[derive(Debug)]
+pub struct Listed {
+    pub run_id: String,
+    pub ownership: Ownership,
+    pub status: Result<Status, String>,
+}
+
+impl Listed {
+    /// The status when it parsed; `None` for an unreadable one.
+    pub fn ok(&self) -> Option<&Status> {
+        self.status.as_ref().ok()
+    }
+}
+
+/// Active runs from the index, runspool's and other hosts'. Stale markers
+/// are removed: those of runspool's own runs whose status is terminal, and
+/// those of run directories that no longer exist (pi-subagents' reader
+/// removes those too). Markers of other hosts' runs, of directories without a
+/// status yet (a claim or another host's launch in progress) and of
+/// unreadable statuses are left alone.
+pub fn list_active(l: &Layout) -> io::Result<Vec<Listed>> {
     let mut out = Vec::new();
     let dir = match std::fs::read_dir(l.active()) {
         Ok(d) => d,
@@ -82,31 +108,45 @@ pub fn list_active(l: &Layout) -> io::Result<Vec<Status>> {
     for e in dir.flatten() {
         let name = e.file_name();
         let Some(id) = name.to_str() else { continue };
-        if id.starts_with('.') || !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
+        // Names outside the run-id grammar cannot name a run directory.
+        if !crate::protocol::is_id(id, 255) || !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
             continue;
         }
-        match read_status(&l.run_dir(id)) {
-            Ok(Some(s)) if s.state.is_active() => out.push(s),
-            Ok(Some(s)) => {
-                let _ = unmark_active(l, id, s.tool_call_id.as_deref());
+        let run_dir = l.run_dir(id);
+        match read_status(&run_dir) {
+            Ok(Some(s)) if s.state.is_active() => {
+                let ownership = ownership(&run_dir, Some(&s));
+                out.push(Listed { run_id: id.to_string(), ownership, status: Ok(s) });
             }
+            Ok(Some(s)) => {
+                if ownership(&run_dir, Some(&s)).is_ours() {
+                    let _ = unmark_active(l, id, s.tool_call_id.as_deref());
+                }
+            }
+            // No status: a half-claimed run (the daemon finishes it), a run
+            // being created by another host, or a directory that is gone.
             Ok(None) => {
-                // A half-claimed run (request.json, no status yet) is not stale: the daemon finishes it.
-                if !l.run_dir(id).join("request.json").exists() {
+                if std::fs::symlink_metadata(&run_dir).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
                     let _ = remove_if_exists(&e.path());
                 }
             }
-            Err(_) => {}
+            Err(err) => {
+                let ownership = ownership(&run_dir, None);
+                out.push(Listed { run_id: id.to_string(), ownership, status: Err(err.to_string()) });
+            }
         }
     }
-    out.sort_by_key(|s| (s.queue.claimed_at, s.run_id.clone()));
+    out.sort_by_cached_key(|x| (x.ok().map(|s| s.queue.claimed_at).unwrap_or(0), x.run_id.clone()));
     Ok(out)
 }
 
 /// The newest `limit` terminal runs, from the markers alone: only the status
-/// files of the runs returned are opened. Markers that are unparsable, of
-/// another version, disagree with the status, or repeat a run are removed.
-pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Result<Vec<Status>> {
+/// files of the runs returned are opened. Markers that are unparsable or name
+/// a run directory that is gone are removed (pi-subagents' reader does the
+/// same), and so are markers of runspool's own runs that disagree with their
+/// status or repeat a run. Markers of other hosts' runs are never removed
+/// (§14), whatever runspool thinks of them.
+pub fn list_recent(l: &Layout, session: Option<&str>, limit: usize) -> io::Result<Vec<Listed>> {
     let sessions: Vec<PathBuf> = match session {
         Some(s) => vec![l.terminal().join(seg(s))],
         None => match std::fs::read_dir(l.terminal()) {
@@ -146,7 +186,7 @@ fn newest_valid(
     sessions: &[PathBuf],
     mut names: Vec<(String, usize)>,
     limit: usize,
-) -> (Vec<Status>, bool) {
+) -> (Vec<Listed>, bool) {
     // Names start with the zero-padded end time: descending name order is newest first.
     names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut seen = std::collections::HashSet::new();
@@ -159,10 +199,14 @@ fn newest_valid(
         used += 1;
         let path = sessions[*si].join(name);
         match validate_marker(l, &path) {
-            Some(s) if seen.insert(s.run_id.clone()) => out.push(s),
-            _ => {
+            Marker::Valid(x) if seen.insert(x.run_id.clone()) => out.push(*x),
+            Marker::Valid(x) if x.ownership.is_ours() => {
+                let _ = remove_if_exists(&path); // a second marker of one of our runs
+            }
+            Marker::Stale => {
                 let _ = remove_if_exists(&path);
             }
+            Marker::Valid(_) | Marker::Skip => {}
         }
     }
     (out, used == names.len())
@@ -272,18 +316,51 @@ fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
     (names, all)
 }
 
-fn validate_marker(l: &Layout, path: &Path) -> Option<Status> {
-    let bytes = fsutil::read_nofollow(path, 64 * 1024).ok()?;
-    let m: TerminalMarker = serde_json::from_slice(&bytes).ok()?;
-    if m.version != 1 || !crate::protocol::is_id(&m.run_id, 128) {
-        return None;
+/// What a terminal marker says.
+enum Marker {
+    /// A terminal run (runspool's, validated against its status; another
+    /// host's, as its status says).
+    Valid(Box<Listed>),
+    /// Unparsable, naming no run directory, or one of runspool's runs whose
+    /// status contradicts it: removed.
+    Stale,
+    /// Nothing to show, and not ours to remove.
+    Skip,
+}
+
+fn validate_marker(l: &Layout, path: &Path) -> Marker {
+    let Ok(bytes) = fsutil::read_nofollow(path, 64 * 1024) else { return Marker::Skip };
+    let Ok(m) = serde_json::from_slice::<TerminalMarker>(&bytes) else { return Marker::Stale };
+    // A marker is a hint, never a path: only a name of the run-id grammar is looked up.
+    if !crate::protocol::is_id(&m.run_id, 255) {
+        return Marker::Stale;
     }
-    let s = read_status(&l.run_dir(&m.run_id)).ok()??;
-    let ok = !s.state.is_active()
-        && s.session_id == m.session_id
-        && s.ended_at.map(|e| e.max(0)) == Some(m.ended_at)
-        && terminal_marker_path(l, &s) == path;
-    ok.then_some(s)
+    let dir = l.run_dir(&m.run_id);
+    let s = match read_status(&dir) {
+        Ok(Some(s)) => s,
+        Ok(None) if std::fs::symlink_metadata(&dir).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) => {
+            return Marker::Stale;
+        }
+        Ok(None) => return Marker::Skip,
+        Err(e) => {
+            let ownership = ownership(&dir, None);
+            return Marker::Valid(Box::new(Listed { run_id: m.run_id, ownership, status: Err(e.to_string()) }));
+        }
+    };
+    let ownership = ownership(&dir, Some(&s));
+    if s.state.is_active() {
+        return if ownership.is_ours() { Marker::Stale } else { Marker::Skip };
+    }
+    if ownership.is_ours() {
+        let ok = m.version == 1
+            && s.session_id == m.session_id
+            && s.ended_at.map(|e| e.max(0)) == Some(m.ended_at)
+            && terminal_marker_path(l, &s) == path;
+        if !ok {
+            return Marker::Stale;
+        }
+    }
+    Marker::Valid(Box::new(Listed { run_id: m.run_id, ownership, status: Ok(s) }))
 }
 
 #[cfg(test)]

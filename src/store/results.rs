@@ -80,9 +80,11 @@ pub fn publish_result(l: &Layout, s: &Status) -> io::Result<()> {
     let name = format!("{}.json", seg250(&s.run_id));
     let pending = pending_dir.join(&name);
     fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
+    // `file` is the bare name: pi-subagents 0.67's lookup by session
+    // (resultPayloadPathForSessionRun) refuses anything else.
     let idx = json!({
         "version": 1, "runId": s.run_id, "sessionId": s.session_id,
-        "file": public.display().to_string(), "writtenAt": crate::now_ms(),
+        "file": format!("{}.json", s.run_id), "writtenAt": crate::now_ms(),
         "asyncDir": r.async_dir,
     });
     fsutil::write_atomic(&index_dir.join(&name), &serde_json::to_vec(&idx).map_err(io::Error::other)?, false)?;

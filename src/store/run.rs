@@ -10,6 +10,53 @@ use super::layout::RunPaths;
 use super::Writer;
 use crate::protocol::status::Status;
 
+/// Whose run a directory is (PROTOCOL §14). runspool supervises only runs it
+/// launched; every other run under the root (a pi-subagents host's) is
+/// read-only to it, except for the external-job bridge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// Claimed from runspool's spool: the claim renamed the request to
+    /// `<runDir>/request.json`, which no other launcher writes.
+    Claimed,
+    /// A `rejected` run runspool created for a refused request (§2.3): no
+    /// request.json, a `rejected` status that says `launchedBy: "runspool"`.
+    Rejection,
+    /// Anything else: another host's run, or not a run at all.
+    Foreign,
+}
+
+impl Ownership {
+    pub fn is_ours(self) -> bool {
+        self != Ownership::Foreign
+    }
+}
+
+/// True when `<runDir>/request.json` is a regular file (never followed).
+pub fn claimed(run_dir: &Path) -> bool {
+    std::fs::symlink_metadata(RunPaths::request(run_dir)).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// Whose run `run_dir` is, given its status when the caller has read it.
+pub fn ownership(run_dir: &Path, status: Option<&Status>) -> Ownership {
+    if claimed(run_dir) {
+        return Ownership::Claimed;
+    }
+    let read;
+    let s = match status {
+        Some(s) => Some(s),
+        None => {
+            read = read_status(run_dir).ok().flatten();
+            read.as_ref()
+        }
+    };
+    match s {
+        Some(s) if s.state == crate::protocol::status::State::Rejected && s.launched_by_runspool() => {
+            Ownership::Rejection
+        }
+        _ => Ownership::Foreign,
+    }
+}
+
 /// Read status.json (or None if missing). A status that does not parse is an error.
 pub fn read_status(run_dir: &Path) -> io::Result<Option<Status>> {
     match fsutil::read_nofollow(&RunPaths::status(run_dir), 16 * 1024 * 1024) {

@@ -1,0 +1,258 @@
+//! PROTOCOL §14: runs that runspool did not launch (a pi-subagents host's)
+//! are never written, locked, repaired, indexed or deleted by runspool, and a
+//! terminal marker is a hint, never a path: retention removes only
+//! runspool's own old runs directly under the runs root.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const FAST: &str = "max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 1\n";
+
+/// Every entry under `dir` (relative name, kind, mode, size, mtime and
+/// content), for a byte-for-byte comparison before and after.
+fn snapshot(dirs: &[PathBuf]) -> Vec<String> {
+    let mut out = vec![];
+    for d in dirs {
+        let mut all = walk_all(d);
+        all.push(d.clone());
+        all.sort();
+        for p in all {
+            let Ok(md) = fs::symlink_metadata(&p) else { continue };
+            let body = if md.is_file() { sha256_hex(&fs::read(&p).unwrap()) } else { String::new() };
+            out.push(format!(
+                "{} {:o} {} {}.{} {}",
+                p.display(),
+                md.mode(),
+                md.len(),
+                md.mtime(),
+                md.mtime_nsec(),
+                body
+            ));
+        }
+    }
+    out
+}
+
+/// A run as a pi-subagents 0.67 host writes it: no request.json, its own fields.
+fn write_pi_run(env: &TestEnv, id: &str, status: Value, marker: bool) -> PathBuf {
+    let dir = env.run_dir(id);
+    mkdir_0700(&dir);
+    write_file_mode(&dir.join("status.json"), serde_json::to_vec_pretty(&status).unwrap().as_slice(), 0o644);
+    write_file_mode(&dir.join("events.jsonl"), b"{\"type\":\"subagent.run.started\"}\n", 0o644);
+    write_file_mode(&dir.join("output-0.log"), b"pi output\n", 0o644);
+    if marker {
+        let state = status["state"].as_str().unwrap();
+        if is_active_state(state) {
+            write_file_mode(&env.active_dir().join(id), b"", 0o644);
+            let alias = env.active_dir().join("tool-calls").join(seg("call-1"));
+            fs::create_dir_all(&alias).unwrap();
+            write_file_mode(&alias.join(id), b"", 0o644);
+        } else {
+            let ended = status["endedAt"].as_i64().unwrap();
+            let session = status["sessionId"].as_str().unwrap();
+            let sdir = env.terminal_dir().join(seg(session));
+            fs::create_dir_all(&sdir).unwrap();
+            let m = json!({"version": 1, "runId": id, "sessionId": session, "endedAt": ended});
+            write_file_mode(&sdir.join(terminal_marker_name(ended, id)), m.to_string().as_bytes(), 0o644);
+        }
+    }
+    dir
+}
+
+fn pi_status(id: &str, state: &str, mode: &str, pid: Option<u32>, ended: Option<i64>) -> Value {
+    let now = now_ms();
+    let mut s = json!({
+        "runId": id, "sessionId": "pi-session", "toolCallId": "call-1", "completionOwnerId": "pi-window-1",
+        "mode": mode, "state": state, "startedAt": now - 60_000, "lastUpdate": now - 1000,
+        "lifecycleArtifactVersion": 3, "cwd": "/",
+        "steps": [
+            {"agent": "scout", "status": if is_active_state(state) { "running" } else { "completed" }},
+            {"agent": "critic", "status": "rejected", "exitCode": null}
+        ],
+        "workflowGraph": {"nodes": [], "edges": []}
+    });
+    if let Some(p) = pid {
+        s["pid"] = json!(p);
+    }
+    if let Some(e) = ended {
+        s["endedAt"] = json!(e);
+    }
+    s
+}
+
+/// A live process standing for a pi runner; killed when dropped (also on a failed assertion).
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn new() -> Sleeper {
+        let c = Command::new("sleep")
+            .arg("1000")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Sleeper(c)
+    }
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Let the daemon (rescan_interval_s = 1) go through several rescans.
+/// daemon.json is rewritten only on changes, so there is no file to wait on.
+fn let_rescans_pass(n: u64) {
+    std::thread::sleep(Duration::from_secs(n + 1));
+}
+
+#[test]
+fn runs_of_another_host_are_left_byte_for_byte_alone() {
+    let mut env = TestEnv::with_config(FAST);
+    let live = Sleeper::new();
+    let day = 86_400_000i64;
+    let old = now_ms() - 40 * day;
+    let runs = [
+        ("pi-live", pi_status("pi-live", "running", "single", Some(live.id()), None)),
+        ("pi-dead", pi_status("pi-dead", "running", "chain", Some(999_999), None)),
+        ("pi-queued", pi_status("pi-queued", "queued", "single", None, None)),
+        ("pi-partial", pi_status("pi-partial", "partial", "parallel", None, Some(old))),
+        ("pi-workflow", pi_status("pi-workflow", "complete", "workflow", None, Some(old))),
+        ("pi-paused", pi_status("pi-paused", "paused", "single", None, Some(now_ms() - 5000))),
+    ];
+    for (id, st) in &runs {
+        write_pi_run(&env, id, st.clone(), true);
+    }
+    // A status no reader can parse, with an active marker.
+    let broken = write_pi_run(&env, "pi-broken", pi_status("pi-broken", "running", "single", None, None), true);
+    fs::write(broken.join("status.json"), b"{\"runId\": \"pi-broken\", \"state\": ").unwrap();
+    // pi's result of its own finished run.
+    write_file_mode(&env.result_path("pi-partial"), b"{\"runId\":\"pi-partial\",\"state\":\"partial\"}", 0o644);
+    let watched = vec![env.runs(), env.results()];
+    let before = snapshot(&watched);
+
+    env.start_daemon();
+    let_rescans_pass(3);
+    // A run of our own goes through meanwhile: runspool keeps working beside pi's runs.
+    let (own, _) = env.submit(&request(Some("own-1"), &env.work, vec![cmd_step("a", &["true"])]));
+    assert_eq!(env.wait_terminal(&own)["state"], "complete");
+    env.restart();
+    let_rescans_pass(3);
+
+    let mut after = snapshot(&watched);
+    // Only runspool's own run may have changed the trees: drop its entries.
+    let ours = |l: &String| {
+        l.contains("own-1") || l.contains(&format!("{}", env.terminal_dir().join(seg("default")).display()))
+    };
+    after.retain(|l| !ours(l));
+    let mut before_f = before.clone();
+    before_f.retain(|l| !ours(l));
+    // The index and results directories' own mtimes change with our run's files.
+    let dirs_only = |v: &mut Vec<String>| {
+        v.retain(|l| {
+            let p = l.split(' ').next().unwrap();
+            let p = Path::new(p);
+            !(p == env.runs()
+                || p == env.results()
+                || p == env.active_dir()
+                || p == env.terminal_dir()
+                || p.starts_with(env.results().join("result-index"))
+                || p.starts_with(env.results().join("result-pending")))
+        })
+    };
+    dirs_only(&mut after);
+    dirs_only(&mut before_f);
+    assert_eq!(before_f, after, "another host's runs, markers and results are unchanged\n{}", env.log_tail(40));
+    assert!(process_alive(live.id() as i64), "the live pi runner was not signalled");
+
+    // The CLI shows them, read-only.
+    let out = env.cli(&["list", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for id in ["pi-live", "pi-queued", "pi-partial", "pi-workflow", "pi-broken"] {
+        let row = rows.iter().find(|r| r["runId"] == id).unwrap_or_else(|| panic!("{id} listed: {rows:?}"));
+        assert_eq!(row["launchedBy"], "other", "{row}");
+    }
+    let mine = rows.iter().find(|r| r["runId"] == "own-1").unwrap();
+    assert_eq!(mine["launchedBy"], "runspool");
+    let out = env.cli(&["status", "pi-partial"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("partial") && text.contains("another host"), "{text}");
+    let out = env.cli(&["status", "pi-broken"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unreadable"), "{out:?}");
+    let out = env.cli(&["stop", "pi-live"]);
+    assert!(!out.status.success(), "stop of another host's run is refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another host"), "{out:?}");
+    let mut again = snapshot(&watched);
+    again.retain(|l| !ours(l));
+    dirs_only(&mut again);
+    assert_eq!(before_f, again, "the CLI changed nothing either");
+    drop(live);
+}
+
+#[test]
+fn retention_never_follows_a_marker_outside_runspools_own_runs() {
+    let mut env = TestEnv::with_config("retention_days = 1\n[watch]\nrescan_interval_s = 1\n");
+    let day = 86_400_000i64;
+    let old = now_ms() - 40 * day;
+    // Victims: a directory outside the root, one inside the runs root without
+    // a status, and an old finished run of another host.
+    let outside = env.work.join("precious");
+    fs::create_dir_all(outside.join("sub")).unwrap();
+    fs::write(outside.join("sub/file"), b"keep me").unwrap();
+    let bare = env.run_dir("bare-dir");
+    fs::create_dir_all(&bare).unwrap();
+    fs::write(bare.join("notes"), b"keep me").unwrap();
+    write_pi_run(&env, "pi-old", pi_status("pi-old", "complete", "single", None, Some(old)), true);
+    let sdir = env.terminal_dir().join("evil");
+    fs::create_dir_all(&sdir).unwrap();
+    let rel = "../../work/precious".to_string();
+    let targets = [rel.as_str(), outside.to_str().unwrap(), "bare-dir", "..", "."];
+    for (i, t) in targets.iter().enumerate() {
+        let m = json!({"version": 1, "runId": t, "sessionId": "evil", "endedAt": old + i as i64});
+        fs::write(sdir.join(format!("{:016}-x{i}.json", old + i as i64)), m.to_string()).unwrap();
+    }
+    // And runspool's own old run, which retention must remove.
+    env.fabricate_terminal_run("own-old", "default", old, "complete");
+    env.fabricate_result("own-old");
+    let before = snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]);
+    env.start_daemon();
+    wait_until(Duration::from_secs(60), "runspool's own old run removed", || !env.run_dir("own-old").exists());
+    assert!(!env.result_path("own-old").exists(), "its result went with it");
+    assert_eq!(before, snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]), "nothing else was removed");
+    assert!(outside.join("sub/file").exists() && env.runs().exists() && env.root.exists());
+    assert!(list_names(&env.terminal_dir().join(seg("pi-session"))).len() == 1, "another host's marker stays");
+}
+
+/// `.active-runs/tool-calls` that is not a directory (ENOTDIR for every
+/// alias) must never keep a run's own active marker in place.
+#[test]
+fn a_broken_tool_call_alias_root_never_strands_the_active_marker() {
+    let mut env = TestEnv::with_config(FAST);
+    env.start_daemon();
+    // A symlink to a file: every path through it fails with ENOTDIR, and no
+    // index reader takes it for a marker of its own (only regular files are).
+    let target = env.work.join("not-a-directory");
+    fs::write(&target, b"not a directory").unwrap();
+    std::os::unix::fs::symlink(&target, env.active_dir().join("tool-calls")).unwrap();
+    let mut req = request(Some("alias-1"), &env.work, vec![cmd_step("a", &["true"])]);
+    req["toolCallId"] = json!("call/with+odd=chars");
+    env.submit(&req);
+    assert_eq!(env.wait_terminal("alias-1")["state"], "complete");
+    wait_until(Duration::from_secs(30), "active marker removed", || !env.active_dir().join("alias-1").exists());
+    assert!(env.result_path("alias-1").exists());
+    assert_eq!(fs::read(env.active_dir().join("tool-calls")).unwrap(), b"not a directory", "left as it was");
+}
