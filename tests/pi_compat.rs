@@ -391,6 +391,16 @@ fn claims(run_dir: &Path) -> Vec<PathBuf> {
     list_names(&d).into_iter().filter(|n| n.ends_with(".claim")).map(|n| d.join(n)).collect()
 }
 
+/// Nothing of the bridge is left waiting: no request file (claims stay as
+/// tombstones) and no response (pi's client removes the one it read).
+fn assert_bridge_drained(run_dir: &Path) {
+    let reqs: Vec<String> =
+        list_names(&run_dir.join("external-job-requests")).into_iter().filter(|n| !n.ends_with(".claim")).collect();
+    assert!(reqs.is_empty(), "requests left in {}: {reqs:?}", run_dir.display());
+    let resp = list_names(&run_dir.join("external-job-responses"));
+    assert!(resp.is_empty(), "responses left in {}: {resp:?}", run_dir.display());
+}
+
 fn start_input(env: &TestEnv, run_id: &str, prompt: &str, session: &str) -> Value {
     json!({
         "prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work, "runId": run_id,
@@ -724,6 +734,7 @@ fn pi_follow_up_bridge_request_is_answered_for_a_runspool_run() {
     assert_eq!(c.len(), 1, "{c:?}");
     assert!(c[0].join("completed.json").is_file(), "no tombstone in {}", c[0].display());
     assert_eq!(read_json(&c[0].join("handle.json")), Some(r["result"].clone()));
+    assert_bridge_drained(&env.run_dir(id));
     // Never dispatched twice.
     wait_rescans(&env, 2);
     assert_eq!(engine.calls().iter().filter(|(op, _)| op == "follow-up").count(), 1);
@@ -775,6 +786,8 @@ fn runspool_services_bridge_requests_of_a_pi_run() {
     assert!(c[0].join("completed.json").is_file());
     let owner = read_json(&c[0].join("owner.json")).expect("owner.json");
     assert_eq!(owner["pid"].as_i64(), env.daemon_pid(), "{owner}");
+    assert_eq!(read_json(&c[0].join("handle.json")), Some(r["result"].clone()));
+    assert_bridge_drained(&env.run_dir(id));
 
     wait_rescans(&env, 2);
     assert_same(&before, &owned(&env), "after servicing the bridge");
