@@ -286,14 +286,25 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     if !s.state.is_active() {
         bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
     }
-    let control = RunPaths::control(&layout.run_dir(&id));
-    super::ensure_dir(&control)?;
+    let dir = layout.run_dir(&id);
     let kind = if interrupt { "interrupt" } else { "stop" };
-    let mut body = json!({"type": kind, "ts": crate::now_ms(), "source": "runspool-cli"});
+    let ts = crate::now_ms();
+    let mut body = json!({"type": kind, "ts": ts, "source": "runspool-cli"});
     if let Some(r) = reason {
         body["reason"] = json!(r);
     }
-    let path = control.join(format!("{kind}.json"));
+    // A stop in pi-subagents 0.67's form (control/stop-requests/<ts>-<uuid>.json),
+    // which 0.67 runners and runspool's both consume; an interrupt in the one
+    // form both know, control/interrupt.json.
+    let path = if interrupt {
+        let control = RunPaths::control(&dir);
+        super::ensure_dir(&control)?;
+        control.join("interrupt.json")
+    } else {
+        let inbox = RunPaths::stop_requests(&dir);
+        super::ensure_dir(&inbox)?;
+        inbox.join(crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string()))
+    };
     fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false)
         .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: asked {id} to {kind} ({})", path.display());

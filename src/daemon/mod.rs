@@ -712,12 +712,21 @@ impl Daemon {
         }
         let dir = self.layout.run_dir(run_id);
         let control = RunPaths::control(&dir);
-        let Some(file) = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists())
-        else {
+        let legacy = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists());
+        let pending = legacy.is_some() || queued_stop_waiting(&dir);
+        if !pending {
             return;
-        };
+        }
         let Ok(Some(_lock)) = supervisor::take_runner_lock(&dir) else { return };
-        let msg = format!("stopped before it started ({file} in the control inbox)");
+        // 0.67's stop requests: one that names a step of the run is the
+        // runner's to honour (that step is skipped); any other stops the run.
+        let run_stop = if legacy.is_none() { take_run_level_stop(&dir) } else { None };
+        let msg = match (legacy, &run_stop) {
+            (Some(file), _) => format!("stopped before it started ({file} in the control inbox)"),
+            (None, Some(r)) => format!("{} before it started", crate::protocol::control::describe(r, "a stop request")),
+            (None, None) => return,
+        };
+        let file = legacy.unwrap_or("");
         let m2 = msg.clone();
         let now = crate::now_ms();
         let res = results::write_terminal(&mut self.w, &self.layout, run_id, move |cur| {
@@ -747,7 +756,9 @@ impl Daemon {
                     "subagent.run.completed",
                     json!({"status": "stopped", "durationMs": 0, "exitCode": s.exit_code}),
                 );
-                let _ = std::fs::remove_file(control.join(file));
+                if !file.is_empty() {
+                    let _ = std::fs::remove_file(control.join(file));
+                }
                 tracing::info!(run_id, "stopped a queued run");
                 self.hooks.ended(run_id);
             }
@@ -909,6 +920,7 @@ impl Daemon {
             if now >= since + INBOX_WATCH_AFTER {
                 // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
                 let _ = fsutil::mkdir_private(&control);
+                let _ = fsutil::mkdir_private(&RunPaths::stop_requests(&self.layout.run_dir(&id)));
                 self.watch.watch_control(&id);
                 self.control_queued(&id); // what landed before the watch
                 continue;
@@ -1049,6 +1061,43 @@ impl Daemon {
 
 /// Run ids named by the entries of `dir`: its run directories (`dirs`) or its
 /// marker files, dot names (temps, the indexes) left out.
+/// A 0.67 stop request waits in a queued run's `control/stop-requests/`.
+fn queued_stop_waiting(run_dir: &Path) -> bool {
+    std::fs::read_dir(RunPaths::stop_requests(run_dir))
+        .is_ok_and(|mut rd| rd.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
+}
+
+/// For a queued run: take the first stop request (in `ts` order) that stops
+/// the whole run, i.e. names no step of it; requests that name a step stay
+/// for the runner. Invalid requests are removed, as the runner would.
+fn take_run_level_stop(run_dir: &Path) -> Option<crate::protocol::control::StopRequest> {
+    use crate::protocol::control::{parse_stop_request, MAX_STOP_REQUEST_BYTES};
+    let steps = run::read_status(run_dir).ok().flatten().map(|s| s.steps.len()).unwrap_or(0);
+    let dir = RunPaths::stop_requests(run_dir);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
+        .collect();
+    names.sort();
+    for n in names {
+        let p = dir.join(&n);
+        match fsutil::read_nofollow(&p, MAX_STOP_REQUEST_BYTES).ok().and_then(|b| parse_stop_request(&b)) {
+            Some(r) if r.target_index.is_some_and(|t| (t as usize) < steps) => continue,
+            Some(r) => {
+                if std::fs::remove_file(&p).is_ok() {
+                    return Some(r);
+                }
+            }
+            None => {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    None
+}
+
 fn run_names(dir: &Path, dirs: bool) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
     rd.flatten()

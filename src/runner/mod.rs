@@ -88,6 +88,9 @@ pub struct Runner {
     wake: UnixStream,
     halt: Option<Halt>,
     halt_reason: String,
+    /// Steps a stop request named by `targetIndex` (0.67): reason, and
+    /// whether the step's processes were signalled already.
+    step_stop: BTreeMap<usize, (String, bool)>,
     run_deadline: Instant,
     step_timed_out: bool,
     previous_output: Option<String>,
@@ -213,6 +216,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         wake,
         halt: None,
         halt_reason: String::new(),
+        step_stop: BTreeMap::new(),
         run_deadline,
         step_timed_out: false,
         previous_output: None,
@@ -272,7 +276,8 @@ impl Runner {
             post.send(Msg::Control);
         });
         match watcher {
-            Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::NonRecursive) {
+            // Recursive: 0.67's stop requests land in control/stop-requests/.
+            Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::Recursive) {
                 Ok(()) => self._watcher = Some(wt),
                 Err(e) => crate::note!("watching {} failed ({e}); checking it every second", control.display()),
             },
@@ -280,8 +285,12 @@ impl Runner {
         }
     }
 
-    /// Consume control files in the order stop, timeout, interrupt.
+    /// Consume control files: pi-subagents 0.67's stop requests in `ts`
+    /// order, then the legacy `stop.json`, `timeout.json`, `interrupt.json`.
     fn check_control(&mut self) {
+        for r in crate::store::run::take_stop_requests(&self.dir) {
+            self.on_stop_request(r);
+        }
         let control = RunPaths::control(&self.dir);
         for (name, kind) in
             [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)]
@@ -302,6 +311,40 @@ impl Runner {
             };
             self.request_halt(kind, msg);
             let _ = std::fs::remove_file(&p);
+        }
+    }
+
+    /// A stop request stops the step `targetIndex` names when that step has
+    /// not ended yet, else the whole run; the event says which. A `childId`
+    /// names none of runspool's steps (they carry no child ids).
+    fn on_stop_request(&mut self, r: crate::protocol::control::StopRequest) {
+        let msg = crate::protocol::control::describe(&r, "a stop request");
+        let n = self.status.steps.len();
+        let step = r.target_index.map(|t| t as usize).filter(|&t| t < n);
+        let open = |s: &StepState| matches!(s, StepState::Pending | StepState::Running);
+        let (scope, note) = match (step, &r.child_id) {
+            (Some(i), _) if open(&self.status.steps[i].status) => {
+                self.step_stop.entry(i).or_insert((msg.clone(), false));
+                ("step", format!("stopping step {i}"))
+            }
+            (Some(i), _) => ("none", format!("step {i} already ended; nothing to stop")),
+            (None, _) if r.target_index.is_some() => (
+                "run",
+                format!(
+                    "targetIndex {} names no step of this run ({n} steps); stopping the run",
+                    r.target_index.unwrap_or(0)
+                ),
+            ),
+            (None, Some(c)) => ("run", format!("childId `{c}` names no step of this run; stopping the run")),
+            (None, None) => ("run", "stopping the run".to_string()),
+        };
+        self.ev(
+            "subagent.run.stop_requested",
+            json!({"scope": scope, "stepIndex": step, "targetIndex": r.target_index, "childId": r.child_id,
+                   "source": r.source, "reason": r.reason, "message": note}),
+        );
+        if scope == "run" {
+            self.request_halt(Halt::Stop, msg);
         }
     }
 
@@ -349,8 +392,23 @@ impl Runner {
         }
     }
 
+    /// A failed step, or one stopped on its own by a targeted stop request:
+    /// either ends a chain, and the run is `failed` unless it was halted.
     fn any_failed(&self) -> bool {
-        self.status.steps.iter().any(|s| s.status == StepState::Failed)
+        self.status.steps.iter().any(|s| matches!(s.status, StepState::Failed | StepState::Stopped))
+    }
+
+    /// A pending step a stop request named: it never starts.
+    fn skip_stopped(&mut self, i: usize, why: String) {
+        let agent = self.status.steps[i].agent.clone();
+        let st = &mut self.status.steps[i];
+        st.status = StepState::Stopped;
+        st.stopped = Some(true);
+        st.exit_code = Some(-1);
+        st.duration_ms = Some(0);
+        st.error = Some(format!("{why} before it started"));
+        self.save();
+        self.ev("subagent.step.stopped", json!({"stepIndex": i, "agent": agent, "exitCode": -1, "durationMs": 0}));
     }
 
     /// Run the given flat steps with at most `conc` at once. True if all complete.
@@ -361,6 +419,10 @@ impl Runner {
         loop {
             while self.halt.is_none() && running.len() < conc {
                 let Some(i) = queue.pop_front() else { break };
+                if let Some((why, _)) = self.step_stop.get(&i).cloned() {
+                    self.skip_stopped(i, why);
+                    continue;
+                }
                 if let Some(r) = self.spawn(i, &steps[i]) {
                     running.insert(i, r);
                 }
@@ -421,6 +483,15 @@ impl Runner {
             if self.halt.is_none() && now >= self.run_deadline {
                 let msg = format!("run timed out after {} ms", self.status.timeout_ms);
                 self.request_halt(Halt::Timeout, msg);
+            }
+            for (i, r) in running.iter_mut() {
+                if let Some((_, sent)) = self.step_stop.get_mut(i) {
+                    if !*sent {
+                        *sent = true;
+                        r.signal(Signal::SIGTERM);
+                        r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
+                    }
+                }
             }
             if self.halt != before {
                 let first = match self.halt {
@@ -593,6 +664,11 @@ impl Runner {
         } else if code == 0 && halt.is_none() {
             st.status = StepState::Complete;
             "completed"
+        } else if let (None, Some((why, _))) = (halt, self.step_stop.get(&i)) {
+            st.status = StepState::Stopped;
+            st.stopped = Some(true);
+            st.error = Some(why.clone());
+            "stopped"
         } else {
             match halt {
                 Some(Halt::Stop) => {
@@ -689,8 +765,8 @@ fn first_error(s: &Status) -> String {
     s.steps
         .iter()
         .enumerate()
-        .find(|(_, st)| st.status == StepState::Failed && st.exit_code != Some(-1))
-        .map(|(i, st)| format!("step {i} ({}) failed: {}", st.agent, st.error.clone().unwrap_or_default()))
+        .find(|(_, st)| matches!(st.status, StepState::Failed | StepState::Stopped) && st.exit_code != Some(-1))
+        .map(|(i, st)| format!("step {i} ({}) {}: {}", st.agent, st.status, st.error.clone().unwrap_or_default()))
         .unwrap_or_else(|| "the run failed".into())
 }
 

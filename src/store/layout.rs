@@ -98,6 +98,10 @@ impl RunPaths {
     pub fn control(d: &Path) -> PathBuf {
         d.join("control")
     }
+    /// pi-subagents 0.67's stop inbox: `control/stop-requests/<ts>-<uuid>.json`.
+    pub fn stop_requests(d: &Path) -> PathBuf {
+        d.join("control").join("stop-requests")
+    }
     pub fn output(d: &Path, i: usize) -> PathBuf {
         d.join(format!("output-{i}.log"))
     }
