@@ -88,6 +88,9 @@ pub struct Runner {
     wake: UnixStream,
     halt: Option<Halt>,
     halt_reason: String,
+    /// When a running run's status is rewritten next only to refresh
+    /// `lastUpdate` (see `HEARTBEAT`).
+    next_heartbeat: Instant,
     /// Steps a stop request named by `targetIndex` (0.67): reason, and
     /// whether the step's processes were signalled already.
     step_stop: BTreeMap<usize, (String, bool)>,
@@ -216,6 +219,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         wake,
         halt: None,
         halt_reason: String::new(),
+        next_heartbeat: Instant::now() + heartbeat(),
         step_stop: BTreeMap::new(),
         run_deadline,
         step_timed_out: false,
@@ -480,6 +484,12 @@ impl Runner {
             let before = self.halt;
             self.check_control();
             let now = Instant::now();
+            if now >= self.next_heartbeat {
+                // pi-subagents 0.67 fails a run whose pid lives but whose
+                // lastUpdate is over 24 h old; a long step must not look stale.
+                self.next_heartbeat = now + heartbeat();
+                self.save();
+            }
             if self.halt.is_none() && now >= self.run_deadline {
                 let msg = format!("run timed out after {} ms", self.status.timeout_ms);
                 self.request_halt(Halt::Timeout, msg);
@@ -759,6 +769,21 @@ impl Runner {
             waited += 1;
         }
     }
+}
+
+/// How often a running run's `lastUpdate` is refreshed when nothing else
+/// writes its status: hourly, far inside pi-subagents 0.67's 24 h stale-run
+/// rule and far from a cost (one small write an hour).
+/// `RUNSPOOL_STATUS_HEARTBEAT_MS` changes it (tests, or a stricter reader).
+const HEARTBEAT: Duration = Duration::from_secs(3600);
+
+fn heartbeat() -> Duration {
+    std::env::var("RUNSPOOL_STATUS_HEARTBEAT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms >= 100)
+        .map(Duration::from_millis)
+        .unwrap_or(HEARTBEAT)
 }
 
 fn first_error(s: &Status) -> String {
