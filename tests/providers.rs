@@ -22,7 +22,7 @@ printf '%s %s\n' "$op" "$input" >> "$E/calls.log"
 field() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
 escape() { sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/	/\\t/g' "$1" | awk '{ printf "%s%sn", $0, "\\" }'; }
 case "$op" in
-start)
+start|follow-up)
     [ -e "$E/start-gate" ] && while [ ! -e "$E/start-gate-open" ]; do sleep 0.05; done
     d=$(mktemp -d "$E/jobs/j.XXXXXX")
     id=${d##*/}
@@ -493,4 +493,50 @@ fn recorded_jobs_are_reattached_mismatches_and_redispatches_refused() {
     assert_eq!(eng.count("start"), 0, "nothing was started");
     assert_eq!(eng.count("reattach"), 1);
     env.check_consistency();
+}
+
+/// A pi-subagents 0.67 `follow-up` bridge request, written into a run as
+/// 0.67's requestExternalJobOperation writes it, is claimed like a start,
+/// served by the command provider as `<command> follow-up` with the followUp
+/// object on stdin, answered with its handle and tombstoned.
+#[test]
+fn follow_up_requests_are_claimed_served_and_tombstoned() {
+    let (mut env, eng) = env_with_engine("");
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("fu-run"), &env.work, vec![sh_step("host", &gate_wait(&gate))]));
+    env.wait_state("fu-run", "running");
+    let dir = env.run_dir("fu-run");
+    let prompt = "echo follow-up-says-hi";
+    let body = json!({
+        "id": "fu-1", "operation": "follow-up", "provider": "engine", "createdAt": now_ms(),
+        "followUp": {
+            "prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work.to_str().unwrap(),
+            "runId": "fu-run", "stepIndex": 0, "agent": "host", "options": {},
+            "sourceRunId": "earlier-run", "sourceStepIndex": 0, "parentProviderJobId": "j.parent",
+            "requestId": "resume-1", "requestDigest": "d1"
+        }
+    });
+    let reqdir = dir.join("external-job-requests");
+    fs::create_dir_all(&reqdir).unwrap();
+    fs::write(reqdir.join(".fu-1.json.tmp"), body.to_string()).unwrap();
+    fs::rename(reqdir.join(".fu-1.json.tmp"), reqdir.join("fu-1.json")).unwrap();
+    let resp = dir.join("external-job-responses/fu-1.json");
+    wait_until(LONG, "follow-up answered", || resp.exists());
+    let r = read_json(&resp).unwrap();
+    assert_eq!(r["ok"], json!(true), "{r}");
+    assert_eq!(r["operation"], "follow-up", "{r}");
+    assert!(r["result"]["providerJobId"].as_str().unwrap().starts_with("j."), "{r}");
+    wait_until(LONG, "claim tombstoned", || reqdir.join("fu-1.claim/completed.json").exists());
+    assert!(reqdir.join("fu-1.claim/handle.json").exists(), "the handle is saved in the claim");
+    assert!(!reqdir.join("fu-1.json").exists(), "the request file is gone");
+    assert_eq!(eng.count("follow-up"), 1, "{:?}", eng.calls());
+    let log = fs::read_to_string(eng.dir.join("calls.log")).unwrap();
+    assert!(log.contains("\"parentProviderJobId\":\"j.parent\""), "the followUp object on stdin: {log}");
+    // Written again (a second servicer, a retry): never dispatched twice.
+    fs::write(reqdir.join("fu-1.json"), body.to_string()).unwrap();
+    wait_until(LONG, "repeated request removed", || !reqdir.join("fu-1.json").exists());
+    assert_eq!(eng.count("follow-up"), 1, "{:?}", eng.calls());
+    open_gate(&gate);
+    env.wait_terminal("fu-run");
 }

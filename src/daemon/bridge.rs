@@ -220,7 +220,7 @@ impl Bridge {
                     Err(_) => continue, // gone meanwhile (another servicer)
                 }
             };
-            let is_start = matches!(&parsed, Ok(r) if r.operation == Operation::Start);
+            let is_start = matches!(&parsed, Ok(r) if r.operation.is_dispatch());
             let created = parsed.as_ref().map(|r| r.created_at).unwrap_or(mtime);
             todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
         }
@@ -276,7 +276,7 @@ impl Bridge {
             return;
         };
         match req.operation {
-            Operation::Start => self.claim_start(run_id, dir, req, provider, limit),
+            Operation::Start | Operation::FollowUp => self.claim_start(run_id, dir, req, provider, limit),
             _ => {
                 let lock = match File::options().read(true).open(&path) {
                     Ok(f) => f,
@@ -378,7 +378,7 @@ impl Bridge {
             }
         }
         let _ = fsutil::remove_if_exists(&path);
-        tracing::info!(run_id, request = %id, provider = %req.provider, "claimed a start request");
+        tracing::info!(run_id, request = %id, provider = %req.provider, op = req.operation.as_str(), "claimed a dispatch request");
         let key = (run_id.to_string(), id.clone());
         self.inflight.insert(key.clone());
         let work = Work {
@@ -439,10 +439,12 @@ impl Bridge {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let provider_name = creq.as_ref().map(|r| r.provider.clone()).unwrap_or_else(|| "unknown".into());
+        // start or follow-up; 0.67 names the abandonment after it (`<op>-dispatch-abandoned`).
+        let op = creq.as_ref().map(|r| r.operation).filter(|o| o.is_dispatch()).unwrap_or(Operation::Start);
         if let Some(h) = handle {
-            tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "start servicer died after saving the handle: answering with it");
+            tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "dispatch servicer died after saving the handle: answering with it");
             if !dir.join(RESPONSES).join(format!("{id}.json")).exists() {
-                let _ = respond(dir, id, "start", &provider_name, Ok(h));
+                let _ = respond(dir, id, op.as_str(), &provider_name, Ok(h));
             }
             let _ = write_completed(&claim);
             return true;
@@ -458,10 +460,11 @@ impl Bridge {
         let _ = fsutil::write_atomic(&claim.join("owner.json"), &to_json(&owner), true);
         let abandoned = |why: &str| {
             providers::failure(
-                "start-dispatch-abandoned",
+                &format!("{}-dispatch-abandoned", op.as_str()),
                 format!(
-                    "the servicer of start request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a start twice. \
-                     Check the engine for a job of run {run_id} and cancel it if it still runs"
+                    "the servicer of {} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a prompt twice. \
+                     Check the engine for a job of run {run_id} and cancel it if it still runs",
+                    op.as_str()
                 ),
             )
         };
@@ -473,7 +476,7 @@ impl Bridge {
             } else {
                 format!("provider `{provider_name}` is not configured here to look the job up")
             };
-            let _ = respond(dir, id, "start", &provider_name, Err(abandoned(&why)));
+            let _ = respond(dir, id, op.as_str(), &provider_name, Err(abandoned(&why)));
             let _ = write_completed(&claim);
             return true;
         };
@@ -481,7 +484,7 @@ impl Bridge {
         self.inflight.insert(key.clone());
         let work =
             Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
-        let msg = abandoned("the provider finds no job it started for it").message;
+        let msg = abandoned("the provider finds no job it started for it");
         if !spawn_worker(run_id, id, move || work.recover(creq, msg)) {
             self.inflight.remove(&key);
         }
@@ -549,6 +552,7 @@ impl Work {
             request_id: &req.id,
             provider_job_id: req.provider_job_id.as_deref(),
             start: req.start.as_ref(),
+            follow_up: req.follow_up.as_ref(),
             run_dir: &self.dir,
             deadline: Instant::now() + self.limit,
         };
@@ -580,7 +584,7 @@ impl Work {
 
     fn start(self, req: Request) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
-        let r = self.call(Operation::Start, &req, false).map(|h| h.expect("call returns a handle"));
+        let r = self.call(req.operation, &req, false).map(|h| h.expect("call returns a handle"));
         if let Ok(h) = &r {
             // The handle is durable before anyone hears of it (§8.2).
             if let Err(e) = write_retrying(&claim.join("handle.json"), &to_json(h), true) {
@@ -591,29 +595,24 @@ impl Work {
         if let Err(f) = &r {
             tracing::warn!(code = %f.code, detail = %f.message, "external job start failed");
         }
-        let _ = respond(&self.dir, &self.id, "start", &req.provider, r);
+        let _ = respond(&self.dir, &self.id, req.operation.as_str(), &req.provider, r);
         let _ = write_completed(&claim);
         self.finish(false);
     }
 
-    fn recover(self, req: Request, abandoned: String) {
+    fn recover(self, req: Request, abandoned: Failure) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
-        match self.call(Operation::Start, &req, true) {
+        let op = req.operation;
+        match self.call(op, &req, true) {
             Ok(Some(h)) => {
                 tracing::warn!(job = %h.provider_job_id, "adopted the job a dead servicer had started");
                 let _ = write_retrying(&claim.join("handle.json"), &to_json(&h), true);
-                let _ = respond(&self.dir, &self.id, "start", &req.provider, Ok(h));
+                let _ = respond(&self.dir, &self.id, op.as_str(), &req.provider, Ok(h));
                 let _ = write_completed(&claim);
                 self.finish(false);
             }
             Ok(None) => {
-                let _ = respond(
-                    &self.dir,
-                    &self.id,
-                    "start",
-                    &req.provider,
-                    Err(providers::failure("start-dispatch-abandoned", abandoned)),
-                );
+                let _ = respond(&self.dir, &self.id, op.as_str(), &req.provider, Err(abandoned));
                 let _ = write_completed(&claim);
                 self.finish(false);
             }

@@ -30,12 +30,17 @@ impl Provider for CommandProvider {
 
     fn call(&self, c: &Call) -> Result<Handle, ProviderError> {
         let name = &self.name;
-        let input = match (c.op, c.start) {
-            (Operation::Start, Some(s)) => serde_json::to_vec(s).unwrap_or_default(),
-            (Operation::Start, None) => {
+        let input = match (c.op, c.start, c.follow_up) {
+            (Operation::Start, Some(s), _) => serde_json::to_vec(s).unwrap_or_default(),
+            (Operation::Start, None, _) => {
                 return Err(failure("malformed-request", "a start request without its `start` object"))
             }
-            (_, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
+            // `<command...> follow-up` with the followUp object on stdin.
+            (Operation::FollowUp, _, Some(f)) => serde_json::to_vec(f).unwrap_or_default(),
+            (Operation::FollowUp, _, None) => {
+                return Err(failure("malformed-request", "a follow-up request without its `followUp` object"))
+            }
+            (_, _, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
         };
         let mut argv = self.argv.clone();
         argv.push(c.op.as_str().to_string());

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config;
-use crate::protocol::bridge::{Failure, Handle, Operation, StartInput};
+use crate::protocol::bridge::{Failure, FollowUpInput, Handle, Operation, StartInput};
 
 /// One provider operation, as the daemon's bridge hands it over.
 pub struct Call<'a> {
@@ -24,6 +24,8 @@ pub struct Call<'a> {
     pub request_id: &'a str,
     pub provider_job_id: Option<&'a str>,
     pub start: Option<&'a StartInput>,
+    /// The `followUp` object of a follow-up.
+    pub follow_up: Option<&'a FollowUpInput>,
     /// The run directory the request came from (batch scripts and output live there).
     pub run_dir: &'a Path,
     /// The operation must be answered by then; processes still running are killed.
@@ -50,7 +52,7 @@ pub trait Provider: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Run one operation. The handle is validated by the caller.
     fn call(&self, call: &Call) -> Result<Handle, ProviderError>;
-    /// Look up a job that an earlier `start` of this request may already have
+    /// Look up a job that an earlier `start` (or `follow-up`) of this request may already have
     /// submitted (its servicer died before saving the handle). `None` when the
     /// engine has no such job or cannot tell.
     fn find_started(&self, _call: &Call) -> Result<Option<Handle>, ProviderError> {
