@@ -540,3 +540,52 @@ fn follow_up_requests_are_claimed_served_and_tombstoned() {
     open_gate(&gate);
     env.wait_terminal("fu-run");
 }
+
+/// PROTOCOL §14: the daemon services the bridge requests of runs it did not
+/// launch (a pi-subagents host's, with no host running) for the providers it
+/// has configured, and leaves requests for other providers alone.
+#[test]
+fn bridge_requests_of_another_hosts_run_are_served() {
+    let (mut env, eng) = env_with_engine("");
+    let id = "pi-run-ext";
+    let dir = env.run_dir(id);
+    fs::create_dir_all(dir.join("external-job-requests")).unwrap();
+    let now = now_ms();
+    let st = json!({"runId": id, "sessionId": "pi", "mode": "single", "state": "running", "startedAt": now,
+                    "lastUpdate": now, "pid": std::process::id(), "steps": [{"agent": "a", "status": "running"}]});
+    fs::write(dir.join("status.json"), st.to_string()).unwrap();
+    fs::write(env.active_dir().join(id), b"").unwrap();
+    env.start_daemon();
+    let prompt = "echo from-pi";
+    let put = |name: &str, body: Value| {
+        let reqdir = dir.join("external-job-requests");
+        fs::write(reqdir.join(format!(".{name}.tmp")), body.to_string()).unwrap();
+        fs::rename(reqdir.join(format!(".{name}.tmp")), reqdir.join(format!("{name}.json"))).unwrap();
+    };
+    put(
+        "s1",
+        json!({"id": "s1", "operation": "start", "provider": "engine", "createdAt": now_ms(),
+               "start": {"prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work.to_str().unwrap(),
+                         "runId": id, "stepIndex": 0, "agent": "a", "options": {}}}),
+    );
+    put(
+        "o1",
+        json!({"id": "o1", "operation": "status", "provider": "elsewhere", "providerJobId": "x", "createdAt": now_ms()}),
+    );
+    let resp = dir.join("external-job-responses/s1.json");
+    wait_until(LONG, "the pi run's start answered", || resp.exists());
+    let r = read_json(&resp).unwrap();
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let job = r["result"]["providerJobId"].as_str().unwrap().to_string();
+    put(
+        "q1",
+        json!({"id": "q1", "operation": "status", "provider": "engine", "providerJobId": job, "createdAt": now_ms()}),
+    );
+    wait_until(LONG, "the pi run's status answered", || dir.join("external-job-responses/q1.json").exists());
+    assert_eq!(eng.count("start"), 1);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!dir.join("external-job-responses/o1.json").exists(), "a provider this daemon lacks: left for its host");
+    assert!(dir.join("external-job-requests/o1.json").exists());
+    assert_eq!(read_json(&dir.join("status.json")).unwrap(), st, "the run itself untouched");
+    assert!(env.active_dir().join(id).exists());
+}
