@@ -149,6 +149,9 @@ pub struct Daemon {
     next_rescan: Instant,
     next_retention: Instant,
     low_space: Option<String>,
+    /// Why the root, spool/ or the runs root fails `check_dir_safety` now
+    /// (re-checked before every spool scan): nothing is claimed meanwhile.
+    unsafe_dir: Option<String>,
     stopping: bool,
     watchdog: Option<Duration>,
     last_watchdog: Instant,
@@ -248,6 +251,7 @@ impl Daemon {
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
+            unsafe_dir: None,
             stopping: false,
             previous_start,
             watchdog: report::watchdog_interval(),
@@ -530,7 +534,10 @@ impl Daemon {
     fn rescan(&mut self) {
         tracing::debug!(queued = self.queued.len(), running = self.running.len(), "periodic rescan");
         self.spool_dirty = true;
-        if self.watch.spool_replaced() {
+        // A spool replaced by a symlink must not get a watcher (inotify follows
+        // links), nor a runs root replaced by one adopt what it points to.
+        let safe = self.dirs_safe();
+        if safe && self.watch.spool_replaced() {
             self.watch.replace("the spool directory was replaced");
         }
         self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
@@ -541,7 +548,7 @@ impl Daemon {
             self.control_queued(&id);
         }
         // Runs started by another path (or lost from memory) show up in the active index.
-        if let Ok(active) = crate::store::index::list_active(&self.layout) {
+        if let Some(active) = safe.then(|| crate::store::index::list_active(&self.layout).ok()).flatten() {
             for s in active {
                 let known = self.queued.contains(&s.run_id)
                     || self.running.contains_key(&s.run_id)
@@ -557,6 +564,25 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Do the root, spool/ and the runs root still pass the start-up check
+    /// (`check_dir_safety`)? One replaced by a symlink, or loosened, while
+    /// we run is never followed: the error is logged once with the path and
+    /// the fix, daemon.json reports storage `degraded` with it, and nothing
+    /// is claimed until it is fixed. Three lstat calls.
+    fn dirs_safe(&mut self) -> bool {
+        let l = &self.layout;
+        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| check_dir_safety(p).err());
+        match (&self.unsafe_dir, &bad) {
+            (None, Some(e)) => tracing::error!(root = %l.root.display(), "claiming stopped: {e}"),
+            (Some(_), None) => {
+                tracing::info!(root = %l.root.display(), "the root's directories are safe again: claiming resumed")
+            }
+            _ => {}
+        }
+        self.unsafe_dir = bad.map(|e| e.to_string());
+        self.unsafe_dir.is_none()
     }
 
     /// Is there room to claim? Below the free-space floor, or with writes
@@ -586,7 +612,7 @@ impl Daemon {
     /// scheduler and liveness checks still run in between.
     fn scan_spool(&mut self) {
         self.spool_dirty = false;
-        if !self.storage_ok() {
+        if !self.dirs_safe() || !self.storage_ok() {
             return;
         }
         let fresh = self.spool_backlog.is_empty();
@@ -943,7 +969,7 @@ impl Daemon {
         r.watch.backend = self.watch.choice.backend.into();
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
-        let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
+        let degraded = self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| self.w.last_error.clone());
         r.storage = match degraded {
             Some(reason) => StorageInfo {
                 state: "degraded".into(),

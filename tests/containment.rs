@@ -1,0 +1,123 @@
+//! Nothing a run or a provider starts outlives what it belongs to (issue 12,
+//! items 13, 15, 16): `setsid`'d grandchildren of a step die with their step,
+//! provider processes die with their daemon, a dead runner's external job is
+//! cancelled; and a spool swapped for a symlink is never claimed from.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+fn read_pid(p: &Path) -> i64 {
+    fs::read_to_string(p).unwrap().trim().parse().unwrap()
+}
+
+/// A step that starts a grandchild in a session of its own (`setsid`, so
+/// neither its process group nor its session is the step's) and records its pid.
+fn escaping_step(pidfile: &Path, tail: &str) -> Value {
+    sh_step(
+        "escaper",
+        &format!(
+            "setsid sh -c 'echo $$ > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000' </dev/null >/dev/null 2>&1 & {tail}",
+            p = pidfile.display()
+        ),
+    )
+}
+
+#[test]
+fn setsid_grandchild_dies_when_the_run_is_stopped() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let id = "escape-stop";
+    let pidf = env.work.join("grandchild.pid");
+    env.submit(&request(Some(id), &env.work, vec![escaping_step(&pidf, "exec sleep 600")]));
+    env.wait_file(&pidf);
+    let pid = read_pid(&pidf);
+    assert!(process_alive(pid));
+    env.wait_state(id, "running");
+    let o = env.cli(&["stop", id]);
+    assert!(o.status.success(), "runspool stop: {}", describe(&o));
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "stopped", "{st}");
+    wait_until(LONG, "the setsid'd grandchild to be killed with its stopped run", || !process_alive(pid));
+    assert_eq!(st["runner"]["containment"], "subreaper", "{st:#}");
+    let shown = env.cli(&["status", id]);
+    assert!(stdout_str(&shown).contains("subreaper"), "runspool status names the containment:\n{}", describe(&shown));
+}
+
+#[test]
+fn setsid_grandchild_dies_when_its_step_completes() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let id = "escape-complete";
+    let pidf = env.work.join("grandchild.pid");
+    let gate = env.work.join("gate");
+    // The second step starts only after the first (and its escapee) ended:
+    // the escapee belongs to step 0 and must be gone while step 1 runs.
+    let probe = env.work.join("probe");
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![
+            escaping_step(&pidf, &format!("while [ ! -s {} ]; do sleep 0.05; done", pidf.display())),
+            sh_step(
+                "after",
+                &format!(
+                    "if kill -0 $(cat {p}) 2>/dev/null; then echo alive > {probe}; else echo gone > {probe}; fi; {}",
+                    gate_wait(&gate),
+                    p = pidf.display(),
+                    probe = probe.display()
+                ),
+            ),
+        ],
+    ));
+    env.wait_file(&probe);
+    let pid = read_pid(&pidf);
+    open_gate(&gate);
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "complete", "{st:#}");
+    assert_eq!(fs::read_to_string(&probe).unwrap().trim(), "gone", "the escapee of step 0 outlived its step");
+    assert!(!process_alive(pid), "the escapee is not a zombie either");
+}
+
+#[test]
+fn spool_swapped_for_a_symlink_is_never_claimed_from() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    // A normal claim first, so the daemon has listed the real spool.
+    env.submit(&request(Some("before-swap"), &env.work, vec![sh_step("a", "true")]));
+    env.wait_terminal("before-swap");
+    let elsewhere = env.base().join("elsewhere");
+    mkdir_0700(&elsewhere);
+    let req = request(Some("via-symlink"), &env.work, vec![sh_step("a", "true")]);
+    write_file_mode(&elsewhere.join("evil.json"), &serde_json::to_vec(&req).unwrap(), 0o600);
+    let kept = env.base().join("spool.kept");
+    fs::rename(env.spool(), &kept).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, env.spool()).unwrap();
+    // Two rescans (5 s each) and then some: nothing is claimed through the link,
+    // and daemon.json says why.
+    let claimed = poll_until(Duration::from_secs(12), || env.run_dir("via-symlink").exists());
+    assert!(!claimed, "a request was claimed through the symlinked spool");
+    let mut reported = Value::Null;
+    let seen = poll_until(Duration::from_secs(30), || {
+        reported = read_json(&env.daemon_json()).unwrap_or(Value::Null);
+        reported["storage"]["state"] == "degraded"
+            && reported["storage"]["reason"].as_str().is_some_and(|r| r.contains("symbolic link"))
+    });
+    assert!(seen, "daemon.json does not report the symlinked spool: {reported:#}\n{}", env.log_tail(30));
+    assert!(elsewhere.join("evil.json").exists(), "the entry behind the link was touched");
+    assert!(env.log_tail(200).contains(env.spool().to_str().unwrap()), "the log names the path");
+    // Fixed: claiming resumes.
+    fs::remove_file(env.spool()).unwrap();
+    fs::rename(&kept, env.spool()).unwrap();
+    env.submit(&request(Some("after-fix"), &env.work, vec![sh_step("a", "true")]));
+    let st = env.wait_terminal("after-fix");
+    assert_eq!(st["state"], "complete");
+    assert!(!env.run_dir("via-symlink").exists());
+    wait_until(LONG, "storage ok again", || {
+        read_json(&env.daemon_json()).is_some_and(|d| d["storage"]["state"] == "ok")
+    });
+}
