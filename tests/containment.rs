@@ -6,9 +6,10 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::fs;
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn read_pid(p: &Path) -> i64 {
@@ -120,4 +121,72 @@ fn spool_swapped_for_a_symlink_is_never_claimed_from() {
     wait_until(LONG, "storage ok again", || {
         read_json(&env.daemon_json()).is_some_and(|d| d["storage"]["state"] == "ok")
     });
+}
+
+/// A command provider that records its calls under `E`; `start` may sleep first.
+const PROVIDER: &str = r#"#!/bin/sh
+E='@DIR@'
+op=$1
+input=$(cat)
+echo "$op" >> "$E/calls.log"
+case "$op" in
+start)
+    [ -e "$E/slow-start" ] && sleep 3 && touch "$E/marker"
+    echo '{"providerJobId":"job-1","state":"running"}'
+    ;;
+cancel)
+    touch "$E/cancelled"
+    echo '{"providerJobId":"job-1","state":"stopped"}'
+    ;;
+*)
+    if [ -e "$E/cancelled" ]; then s=stopped; else s=running; fi
+    echo "{\"providerJobId\":\"job-1\",\"state\":\"$s\"}"
+    ;;
+esac
+"#;
+
+fn env_with_provider() -> (TestEnv, PathBuf) {
+    let env = TestEnv::new();
+    let dir = env.base().join("provider");
+    fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("provider.sh");
+    fs::write(&exe, PROVIDER.replace("@DIR@", dir.to_str().unwrap())).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    env.write_config(&format!(
+        "{DEFAULT_CONFIG}[providers.eng]\ntype = \"command\"\ncommand = [\"{}\"]\ntimeout_ms = 30000\n",
+        exe.display()
+    ));
+    (env, dir)
+}
+
+fn calls(dir: &Path) -> Vec<String> {
+    fs::read_to_string(dir.join("calls.log")).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+fn ext_step() -> Value {
+    json!({"agent": "remote", "externalJob": {"provider": "eng", "prompt": "echo hi", "options": {}}})
+}
+
+#[test]
+fn provider_start_dies_with_its_daemon() {
+    let (mut env, dir) = env_with_provider();
+    fs::write(dir.join("slow-start"), b"").unwrap();
+    env.start_daemon();
+    let id = "slow-start";
+    env.submit(&request(Some(id), &env.work, vec![ext_step()]));
+    wait_until(LONG, "the provider's start to be running", || calls(&dir).contains(&"start".to_string()));
+    env.kill9();
+    env.start_daemon();
+    let st = env.wait_terminal(id);
+    // Give the orphaned provider, were it alive, time to finish its sleep.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!dir.join("marker").exists(), "the provider's start outlived its daemon and finished");
+    let step = &st["steps"][0];
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert!(
+        step["externalJob"]["failureCode"] == "start-dispatch-abandoned"
+            || step["error"].as_str().is_some_and(|e| e.contains("start-dispatch-abandoned")),
+        "{st:#}"
+    );
+    assert_eq!(calls(&dir).iter().filter(|c| *c == "start").count(), 1, "a start is never dispatched twice");
 }

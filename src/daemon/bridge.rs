@@ -598,6 +598,22 @@ impl Work {
 
     fn recover(self, req: Request, abandoned: String) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
+        // The dead servicer's provider process got SIGKILL with it (run_bounded);
+        // what it started that still carries its marks goes too, before the
+        // engine is asked, so nothing submits the job after we looked.
+        let call = Call {
+            op: Operation::Start,
+            request_id: &req.id,
+            provider_job_id: None,
+            start: req.start.as_ref(),
+            run_dir: &self.dir,
+            deadline: Instant::now() + self.limit,
+        };
+        let marks = self.provider.marks(&call);
+        if !marks.is_empty() && !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
+            tracing::warn!("processes of a dead servicer's start survive SIGKILL; will look again");
+            return self.finish(true);
+        }
         match self.call(Operation::Start, &req, true) {
             Ok(Some(h)) => {
                 tracing::warn!(job = %h.provider_job_id, "adopted the job a dead servicer had started");
