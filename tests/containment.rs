@@ -190,3 +190,26 @@ fn provider_start_dies_with_its_daemon() {
     );
     assert_eq!(calls(&dir).iter().filter(|c| *c == "start").count(), 1, "a start is never dispatched twice");
 }
+
+#[test]
+fn dead_runner_external_job_is_cancelled() {
+    let (mut env, dir) = env_with_provider();
+    env.start_daemon();
+    let id = "ext-orphan";
+    env.submit(&request(Some(id), &env.work, vec![ext_step()]));
+    let mut runner = 0;
+    wait_until(LONG, "the external job to be running", || {
+        let s = env.status(id).unwrap_or(Value::Null);
+        runner = s["pid"].as_i64().unwrap_or(0);
+        s["steps"][0]["externalJob"]["state"] == "running" && s["steps"][0]["externalJob"]["providerJobId"] == "job-1"
+    });
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert!(calls(&dir).contains(&"cancel".to_string()), "no cancel was sent: {:?}", calls(&dir));
+    let ej = &st["steps"][0]["externalJob"];
+    assert_ne!(ej["state"], "running", "the terminal status still says the job runs: {st:#}");
+    assert_eq!(ej["state"], "stopped", "{st:#}");
+}

@@ -93,6 +93,11 @@ impl Bridge {
         self.next_full = Instant::now();
     }
 
+    /// The configured provider `name` with its time limit.
+    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
+        self.providers.get(name).cloned()
+    }
+
     /// A file event in a run's `external-job-requests/`.
     pub fn hint(&mut self, run_id: String) {
         self.dirty.insert(run_id);

@@ -4,6 +4,7 @@
 
 pub mod bridge;
 pub mod hooks;
+pub mod orphan_jobs;
 pub mod report;
 pub mod retention;
 pub mod spool;
@@ -124,6 +125,8 @@ pub struct Daemon {
     watch: Watch,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
+    /// Dead runners' external jobs, cancelled before their run is repaired.
+    orphan_jobs: orphan_jobs::OrphanJobs,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     /// Queued runs whose control inbox is polled, not watched (yet), with
@@ -233,6 +236,7 @@ impl Daemon {
             watch,
             bridge,
             hooks,
+            orphan_jobs: Default::default(),
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             polled_inboxes: VecDeque::new(),
@@ -764,6 +768,13 @@ impl Daemon {
                 }
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
+                        Ok(Some(s))
+                            if s.state.is_active() && self.orphan_jobs.hold_repair(&self.bridge, &dir, &id, &s) =>
+                        {
+                            // Its external jobs are being cancelled; the repair follows.
+                            self.running.entry(id).or_insert(Slot { child: None });
+                            continue;
+                        }
                         Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
                         Ok(Some(s)) => supervisor::ensure_published_status(&mut self.w, &self.layout, &s),
                         Ok(None) => Ok(()),

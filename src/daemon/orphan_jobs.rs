@@ -1,0 +1,187 @@
+//! External jobs of a dead runner (issue 12, item 16): before the run is
+//! repaired, every job its status records as live (a `providerJobId` in state
+//! queued, running or blocked) is cancelled through its provider, off the
+//! loop, and the outcome is written into `steps[i].externalJob`, so the
+//! terminal status never claims that a job still runs that nobody tracks.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::bridge::Bridge;
+use crate::protocol::bridge::{Handle, Operation, MAX_MESSAGE};
+use crate::protocol::status::Status;
+use crate::providers::{Call, ProviderError};
+use crate::store::fsutil::is_capacity;
+use crate::store::{run, Writer};
+
+/// A live job recorded in a status: flat step index, provider, job id.
+type Job = (usize, String, String);
+/// A job with its provider and time limit (None: the provider is not configured).
+type Cancel = (Job, Option<(Arc<dyn crate::providers::Provider>, Duration)>);
+
+#[derive(Default)]
+pub struct OrphanJobs {
+    /// Runs whose cancels are under way.
+    inflight: HashSet<String>,
+    /// Runs whose worker finished (shared with the workers).
+    done: Arc<Mutex<HashSet<String>>>,
+    /// Runs already handled: their repair goes ahead whatever the cancel did.
+    settled: HashSet<String>,
+}
+
+impl OrphanJobs {
+    /// Called before repairing `run_id` (whose runner is dead, lock held by
+    /// the caller, status `s` active). True: hold the repair, its jobs are
+    /// being cancelled (ask again next turn). False: repair now.
+    pub fn hold_repair(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) -> bool {
+        if self.done.lock().map(|mut d| d.remove(run_id)).unwrap_or(false) {
+            self.inflight.remove(run_id);
+            self.settled.insert(run_id.to_string());
+            return false;
+        }
+        if self.inflight.contains(run_id) {
+            return true;
+        }
+        // Only runs runspool launched (PROTOCOL §14); each is handled once per daemon.
+        if self.settled.contains(run_id) || !run_dir.join("request.json").is_file() {
+            return false;
+        }
+        let jobs = live_jobs(s);
+        if jobs.is_empty() {
+            return false;
+        }
+        let calls: Vec<Cancel> = jobs.into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let (dir, id, done) = (run_dir.to_path_buf(), run_id.to_string(), self.done.clone());
+        let span = tracing::error_span!("cancel", run_id = %run_id);
+        let spawned = std::thread::Builder::new()
+            .name(format!("cancel-{}", run_id.chars().take(40).collect::<String>()))
+            .spawn(move || {
+                span.in_scope(|| cancel_all(&dir, &id, calls));
+                if let Ok(mut d) = done.lock() {
+                    d.insert(id);
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                tracing::warn!(run_id, "the dead runner's external jobs are being cancelled before its repair");
+                self.inflight.insert(run_id.to_string());
+                true
+            }
+            Err(e) => {
+                tracing::error!(run_id, error = %e, "cannot start a thread to cancel the dead runner's external jobs; repairing without");
+                self.settled.insert(run_id.to_string());
+                false
+            }
+        }
+    }
+}
+
+/// Jobs with a `providerJobId` that are not in a terminal state.
+fn live_jobs(s: &Status) -> Vec<Job> {
+    s.steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| {
+            let j = st.external_job.as_ref()?;
+            let state = j.get("state").and_then(Value::as_str)?;
+            let provider = j.get("provider").and_then(Value::as_str)?;
+            let id = j.get("providerJobId").and_then(Value::as_str)?;
+            matches!(state, "queued" | "running" | "blocked").then(|| (i, provider.to_string(), id.to_string()))
+        })
+        .collect()
+}
+
+type Outcome = (usize, Result<Handle, ProviderError>);
+
+fn cancel_all(dir: &Path, run_id: &str, calls: Vec<Cancel>) {
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for ((i, provider, job), p) in calls {
+        let r = match p {
+            None => Err(crate::providers::failure(
+                "provider-unavailable",
+                format!(
+                    "provider `{provider}` is not configured in this daemon, so job {job} could not be cancelled; cancel it on its engine"
+                ),
+            )),
+            Some((p, limit)) => {
+                let request_id = format!("repair-cancel-{i}");
+                let call = Call {
+                    op: Operation::Cancel,
+                    request_id: &request_id,
+                    provider_job_id: Some(&job),
+                    start: None,
+                    run_dir: dir,
+                    deadline: Instant::now() + limit,
+                };
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.call(&call))).unwrap_or_else(|_| {
+                    Err(crate::providers::failure("provider-error", format!("provider `{provider}` panicked during cancel")))
+                })
+            }
+        };
+        match &r {
+            Ok(h) => {
+                tracing::info!(step = i, job = %job, state = h.state.as_str(), "cancelled a dead runner's external job")
+            }
+            Err(f) => {
+                tracing::warn!(step = i, job = %job, code = %f.code, detail = %f.message, "cancelling a dead runner's external job failed")
+            }
+        }
+        outcomes.push((i, r));
+    }
+    record(dir, run_id, &outcomes);
+}
+
+/// Write the outcomes into `steps[i].externalJob` (the run is still active:
+/// the repair that follows keeps them), then one event per job.
+fn record(dir: &Path, run_id: &str, outcomes: &[Outcome]) {
+    let now = crate::now_ms();
+    let mut jobs: Vec<(usize, Value)> = Vec::new();
+    let mut w = Writer::new();
+    let res = run::update_status(&mut w, dir, |cur| {
+        let mut s = cur?;
+        if !s.state.is_active() {
+            return None;
+        }
+        for (i, r) in outcomes {
+            let Some(Value::Object(j)) = s.steps.get_mut(*i).and_then(|st| st.external_job.as_mut()) else { continue };
+            match r {
+                Ok(h) => {
+                    // A cancel accepted for a job not yet down is recorded as stopped: nobody follows it any more.
+                    let state = if h.state.is_terminal() { h.state.as_str() } else { "stopped" };
+                    j.insert("state".into(), json!(state));
+                }
+                Err(f) => {
+                    j.insert("failureCode".into(), json!(f.code));
+                    let m = format!("the runner died and cancelling the job failed: {}", f.message);
+                    j.insert("failureMessage".into(), json!(m.chars().take(MAX_MESSAGE).collect::<String>()));
+                }
+            }
+            j.insert("updatedAt".into(), json!(now));
+            jobs.push((*i, Value::Object(j.clone())));
+        }
+        Some(s)
+    });
+    if let Err(e) = &res {
+        tracing::warn!(error = %e, "cannot record the cancelled external jobs in status.json");
+    }
+    // A full disk: keep the payload and retry for a while (the repair waits).
+    let until = Instant::now() + Duration::from_secs(60);
+    while !w.flush() && Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    if res.is_ok() || res.as_ref().is_err_and(is_capacity) {
+        for (i, job) in jobs {
+            run::event(
+                &mut w,
+                dir,
+                run_id,
+                "subagent.external_job.updated",
+                json!({"stepIndex": i, "externalJob": job}),
+            );
+        }
+    }
+}
