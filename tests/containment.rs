@@ -85,6 +85,26 @@ fn setsid_grandchild_dies_when_its_step_completes() {
 }
 
 #[test]
+fn setsid_grandchild_dies_when_its_runner_dies() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let id = "escape-dead-runner";
+    let pidf = env.work.join("grandchild.pid");
+    env.submit(&request(Some(id), &env.work, vec![escaping_step(&pidf, "exec sleep 600")]));
+    env.wait_file(&pidf);
+    let pid = read_pid(&pidf);
+    let st = env.wait_state(id, "running");
+    let runner = st["pid"].as_i64().unwrap();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert!(st["error"].as_str().unwrap_or("").contains("exited before recording a result"), "{st:#}");
+    wait_until(LONG, "the escapee of a dead runner's step to be killed by the repair", || !process_alive(pid));
+}
+
+#[test]
 fn spool_swapped_for_a_symlink_is_never_claimed_from() {
     let mut env = TestEnv::new();
     env.start_daemon();

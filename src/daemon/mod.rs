@@ -3,8 +3,8 @@
 //! and reports. Everything it knows is on disk; a restart rebuilds the rest.
 
 pub mod bridge;
+pub mod dead_runner;
 pub mod hooks;
-pub mod orphan_jobs;
 pub mod report;
 pub mod retention;
 pub mod spool;
@@ -125,8 +125,8 @@ pub struct Daemon {
     watch: Watch,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
-    /// Dead runners' external jobs, cancelled before their run is repaired.
-    orphan_jobs: orphan_jobs::OrphanJobs,
+    /// Dead runners' processes and external jobs, cleared before their run is repaired.
+    dead_runners: dead_runner::DeadRunners,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     /// Queued runs whose control inbox is polled, not watched (yet), with
@@ -236,7 +236,7 @@ impl Daemon {
             watch,
             bridge,
             hooks,
-            orphan_jobs: Default::default(),
+            dead_runners: Default::default(),
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             polled_inboxes: VecDeque::new(),
@@ -769,9 +769,9 @@ impl Daemon {
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
                         Ok(Some(s))
-                            if s.state.is_active() && self.orphan_jobs.hold_repair(&self.bridge, &dir, &id, &s) =>
+                            if s.state.is_active() && self.dead_runners.hold_repair(&self.bridge, &dir, &id, &s) =>
                         {
-                            // Its external jobs are being cancelled; the repair follows.
+                            // Its processes and external jobs are being cleared; the repair follows.
                             self.running.entry(id).or_insert(Slot { child: None });
                             continue;
                         }

@@ -1,8 +1,11 @@
-//! External jobs of a dead runner (issue 12, item 16): before the run is
-//! repaired, every job its status records as live (a `providerJobId` in state
-//! queued, running or blocked) is cancelled through its provider, off the
-//! loop, and the outcome is written into `steps[i].externalJob`, so the
-//! terminal status never claims that a job still runs that nobody tracks.
+//! What a dead runner leaves behind, cleared off the loop before its run is
+//! repaired (PROTOCOL §12): every process still carrying the run's marks
+//! (`RUNSPOOL_RUN_ID` and `RUNSPOOL_RUN_DIR`, which every step process gets),
+//! so a step's `setsid`'d grandchild, re-parented to init when the runner
+//! (its subreaper) died, goes too; and every external job the status records
+//! as live (a `providerJobId` in state queued, running or blocked), cancelled
+//! through its provider with the outcome written into `steps[i].externalJob`,
+//! so the terminal status never claims a job runs that nobody tracks.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -24,8 +27,8 @@ type Job = (usize, String, String);
 type Cancel = (Job, Option<(Arc<dyn crate::providers::Provider>, Duration)>);
 
 #[derive(Default)]
-pub struct OrphanJobs {
-    /// Runs whose cancels are under way.
+pub struct DeadRunners {
+    /// Runs whose clean-up is under way.
     inflight: HashSet<String>,
     /// Runs whose worker finished (shared with the workers).
     done: Arc<Mutex<HashSet<String>>>,
@@ -33,10 +36,10 @@ pub struct OrphanJobs {
     settled: HashSet<String>,
 }
 
-impl OrphanJobs {
+impl DeadRunners {
     /// Called before repairing `run_id` (whose runner is dead, lock held by
-    /// the caller, status `s` active). True: hold the repair, its jobs are
-    /// being cancelled (ask again next turn). False: repair now.
+    /// the caller, status `s` active). True: hold the repair, its processes
+    /// and jobs are being cleared (ask again next turn). False: repair now.
     pub fn hold_repair(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) -> bool {
         if self.done.lock().map(|mut d| d.remove(run_id)).unwrap_or(false) {
             self.inflight.remove(run_id);
@@ -50,33 +53,47 @@ impl OrphanJobs {
         if self.settled.contains(run_id) || !run_dir.join("request.json").is_file() {
             return false;
         }
-        let jobs = live_jobs(s);
-        if jobs.is_empty() {
-            return false;
-        }
-        let calls: Vec<Cancel> = jobs.into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
         let (dir, id, done) = (run_dir.to_path_buf(), run_id.to_string(), self.done.clone());
-        let span = tracing::error_span!("cancel", run_id = %run_id);
+        let span = tracing::error_span!("dead-runner", run_id = %run_id);
         let spawned = std::thread::Builder::new()
-            .name(format!("cancel-{}", run_id.chars().take(40).collect::<String>()))
+            .name(format!("dead-{}", run_id.chars().take(40).collect::<String>()))
             .spawn(move || {
-                span.in_scope(|| cancel_all(&dir, &id, calls));
+                span.in_scope(|| {
+                    kill_leftovers(&dir, &id);
+                    if !calls.is_empty() {
+                        cancel_all(&dir, &id, calls);
+                    }
+                });
                 if let Ok(mut d) = done.lock() {
                     d.insert(id);
                 }
             });
         match spawned {
             Ok(_) => {
-                tracing::warn!(run_id, "the dead runner's external jobs are being cancelled before its repair");
+                tracing::debug!(run_id, "clearing the dead runner's processes and external jobs before its repair");
                 self.inflight.insert(run_id.to_string());
                 true
             }
             Err(e) => {
-                tracing::error!(run_id, error = %e, "cannot start a thread to cancel the dead runner's external jobs; repairing without");
+                tracing::error!(run_id, error = %e, "cannot start a thread to clear the dead runner's processes and external jobs; repairing without");
                 self.settled.insert(run_id.to_string());
                 false
             }
         }
+    }
+}
+
+/// SIGKILL what is left of the run's step processes, wherever they went.
+fn kill_leftovers(dir: &Path, run_id: &str) {
+    let marks = [format!("RUNSPOOL_RUN_ID={run_id}"), format!("RUNSPOOL_RUN_DIR={}", dir.display())];
+    let found = crate::platform::procs::with_env(&marks);
+    if found.is_empty() {
+        return;
+    }
+    tracing::warn!(pids = ?found, "killing the step processes left by a dead runner");
+    if !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
+        tracing::error!(pids = ?crate::platform::procs::with_env(&marks), "step processes of a dead runner survive SIGKILL; repairing the run without them");
     }
 }
 
