@@ -233,3 +233,24 @@ fn dead_runner_external_job_is_cancelled() {
     assert_ne!(ej["state"], "running", "the terminal status still says the job runs: {st:#}");
     assert_eq!(ej["state"], "stopped", "{st:#}");
 }
+
+#[test]
+fn dead_runner_start_in_flight_is_cancelled_once_it_lands() {
+    let (mut env, dir) = env_with_provider();
+    fs::write(dir.join("slow-start"), b"").unwrap();
+    env.start_daemon();
+    let id = "ext-orphan-start";
+    env.submit(&request(Some(id), &env.work, vec![ext_step()]));
+    wait_until(LONG, "the provider's start to be running", || calls(&dir).contains(&"start".to_string()));
+    let runner = env.status(id).unwrap()["pid"].as_i64().unwrap();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert!(dir.join("marker").exists(), "the daemon's own start was let finish");
+    assert!(calls(&dir).contains(&"cancel".to_string()), "the job the start made was not cancelled: {:?}", calls(&dir));
+    let ej = &st["steps"][0]["externalJob"];
+    assert_eq!(ej["providerJobId"], "job-1", "{st:#}");
+    assert_eq!(ej["state"], "stopped", "{st:#}");
+}

@@ -504,7 +504,9 @@ impl Daemon {
         if !self.recovery_backlog.is_empty() {
             self.recover_slice();
         }
-        if let Some(why) = self.watch_failed.take() {
+        // A new watcher on a spool that became a symlink would follow it: wait until it is fixed.
+        if self.watch_failed.is_some() && self.dirs_safe() {
+            let why = self.watch_failed.take().unwrap_or_default();
             self.watch.replace(&why);
         }
         if now >= self.next_rescan {
@@ -525,7 +527,8 @@ impl Daemon {
         self.check_running();
         self.mark_claimed();
         self.poll_queued_inboxes();
-        self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
+        let held = &self.dead_runners;
+        self.bridge.turn(&self.layout, self.running.keys().filter(|id| !held.holds(id)), &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
