@@ -724,14 +724,22 @@ impl Runner {
             ended.iter().any(|(i, pg)| pgrp == Some(*pg) || index.as_deref() == Some(i.to_string().as_bytes()))
         };
         let until = Instant::now() + Duration::from_secs(5);
+        // A `children` file read while the list changes may miss an entry:
+        // done after two clean reads in a row.
+        let mut clean = 0;
         loop {
             let targets: Vec<u32> = adopted().filter(|&p| all || left_by_ended(p)).collect();
             if targets.is_empty() {
-                return;
+                clean += 1;
+                if clean == 2 {
+                    return;
+                }
+                continue;
             }
+            clean = 0;
             if Instant::now() >= until {
                 crate::note!(
-                    "processes {targets:?} left by the steps of {} survive SIGKILL (uninterruptible?); the runner exits without them",
+                    "processes {targets:?} left by the steps of {} survive SIGKILL (uninterruptible?); giving up on them",
                     self.dir.display()
                 );
                 return;
