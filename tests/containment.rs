@@ -85,6 +85,51 @@ fn setsid_grandchild_dies_when_its_step_completes() {
 }
 
 #[test]
+fn a_parallel_members_escapee_lives_as_long_as_its_member() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let id = "escape-parallel";
+    let (px, py) = (env.work.join("x.pid"), env.work.join("y.pid"));
+    let gate = env.work.join("gate");
+    let seen = env.work.join("y-saw-its-helper");
+    // X leaves an escapee and ends at once; Y double-forks a helper (the
+    // intermediate exits, so the helper is adopted by the runner while Y
+    // still runs), checks that it is still alive after X ended, and waits.
+    let y = format!(
+        "(setsid sh -c 'echo $$ > {py}.tmp; mv {py}.tmp {py}; exec sleep 1000' </dev/null >/dev/null 2>&1 &); \
+         while [ ! -s {py} ]; do sleep 0.05; done; {gate_wait}; \
+         if kill -0 $(cat {py}) 2>/dev/null; then touch {seen}; fi",
+        py = py.display(),
+        gate_wait = gate_wait(&gate),
+        seen = seen.display()
+    );
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![parallel(
+            vec![
+                escaping_step(&px, &format!("while [ ! -s {} ]; do sleep 0.05; done", px.display())),
+                sh_step("y", &y),
+            ],
+            None,
+        )],
+    ));
+    env.wait_file(&px);
+    env.wait_file(&py);
+    let (x, yp) = (read_pid(&px), read_pid(&py));
+    wait_until(LONG, "step 0 (x) to complete", || {
+        env.status(id).is_some_and(|s| s["steps"][0]["status"] == "complete")
+    });
+    wait_until(LONG, "x's escapee to die with x", || !process_alive(x));
+    assert!(process_alive(yp), "y's helper was killed while y still runs");
+    open_gate(&gate);
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "complete", "{st:#}");
+    assert!(seen.exists(), "y did not find its helper alive");
+    wait_until(LONG, "y's helper to die with y", || !process_alive(yp));
+}
+
+#[test]
 fn setsid_grandchild_dies_when_its_runner_dies() {
     let mut env = TestEnv::new();
     env.start_daemon();
