@@ -88,6 +88,10 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         println!("error     {e}");
     }
     println!("dir       {}", layout.run_dir(&id).display());
+    if let Some(r) = &s.runner {
+        let how = r.containment.as_deref().map(|c| format!(", containment {c}")).unwrap_or_default();
+        println!("runner    pid {} on {}{how}", r.pid, r.hostname);
+    }
     for (i, st) in s.steps.iter().enumerate() {
         let code = st.exit_code.map(|c| format!("exit {c}")).unwrap_or_default();
         println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());

@@ -93,6 +93,11 @@ impl Bridge {
         self.next_full = Instant::now();
     }
 
+    /// The configured provider `name` with its time limit.
+    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
+        self.providers.get(name).cloned()
+    }
+
     /// A file event in a run's `external-job-requests/`.
     pub fn hint(&mut self, run_id: String) {
         self.dirty.insert(run_id);
@@ -602,6 +607,23 @@ impl Work {
 
     fn recover(self, req: Request, abandoned: Failure) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
+        // The dead servicer's provider process got SIGKILL with it (run_bounded);
+        // what it started that still carries its marks goes too, before the
+        // engine is asked, so nothing submits the job after we looked.
+        let call = Call {
+            op: req.operation,
+            request_id: &req.id,
+            provider_job_id: None,
+            start: req.start.as_ref(),
+            follow_up: req.follow_up.as_ref(),
+            run_dir: &self.dir,
+            deadline: Instant::now() + self.limit,
+        };
+        let marks = self.provider.marks(&call);
+        if !marks.is_empty() && !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
+            tracing::warn!("processes of a dead servicer's start survive SIGKILL; will look again");
+            return self.finish(true);
+        }
         let op = req.operation;
         match self.call(op, &req, true) {
             Ok(Some(h)) => {

@@ -3,6 +3,7 @@
 //! and reports. Everything it knows is on disk; a restart rebuilds the rest.
 
 pub mod bridge;
+pub mod dead_runner;
 pub mod hooks;
 pub mod report;
 pub mod retention;
@@ -124,6 +125,8 @@ pub struct Daemon {
     watch: Watch,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
+    /// Dead runners' processes and external jobs, cleared before their run is repaired.
+    dead_runners: dead_runner::DeadRunners,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     /// Queued runs whose control inbox is polled, not watched (yet), with
@@ -152,6 +155,9 @@ pub struct Daemon {
     next_rescan: Instant,
     next_retention: Instant,
     low_space: Option<String>,
+    /// Why the root, spool/ or the runs root fails `check_dir_safety` now
+    /// (re-checked before every spool scan): nothing is claimed meanwhile.
+    unsafe_dir: Option<String>,
     stopping: bool,
     watchdog: Option<Duration>,
     last_watchdog: Instant,
@@ -233,6 +239,7 @@ impl Daemon {
             watch,
             bridge,
             hooks,
+            dead_runners: Default::default(),
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             polled_inboxes: VecDeque::new(),
@@ -252,6 +259,7 @@ impl Daemon {
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
+            unsafe_dir: None,
             stopping: false,
             previous_start,
             watchdog: report::watchdog_interval(),
@@ -521,7 +529,9 @@ impl Daemon {
         if !self.recovery_backlog.is_empty() {
             self.recover_slice();
         }
-        if let Some(why) = self.watch_failed.take() {
+        // A new watcher on a spool that became a symlink would follow it: wait until it is fixed.
+        if self.watch_failed.is_some() && self.dirs_safe() {
+            let why = self.watch_failed.take().unwrap_or_default();
             self.watch.replace(&why);
         }
         if now >= self.next_rescan {
@@ -542,7 +552,9 @@ impl Daemon {
         self.check_running();
         self.mark_claimed();
         self.poll_queued_inboxes();
-        self.bridge.turn(&self.layout, self.running.keys().chain(self.foreign.iter()), &mut self.watch);
+        let held = &self.dead_runners;
+        let bridged = self.running.keys().filter(|id| !held.holds(id)).chain(self.foreign.iter());
+        self.bridge.turn(&self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
@@ -555,7 +567,10 @@ impl Daemon {
     fn rescan(&mut self) {
         tracing::debug!(queued = self.queued.len(), running = self.running.len(), "periodic rescan");
         self.spool_dirty = true;
-        if self.watch.spool_replaced() {
+        // A spool replaced by a symlink must not get a watcher (inotify follows
+        // links), nor a runs root replaced by one adopt what it points to.
+        let safe = self.dirs_safe();
+        if safe && self.watch.spool_replaced() {
             self.watch.replace("the spool directory was replaced");
         }
         self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
@@ -565,7 +580,9 @@ impl Daemon {
         for id in ids {
             self.control_queued(&id);
         }
-        self.scan_active_index();
+        if safe {
+            self.scan_active_index();
+        }
     }
 
     /// Runs of ours started by another path (or lost from memory) show up in
@@ -596,6 +613,25 @@ impl Daemon {
         }
     }
 
+    /// Do the root, spool/ and the runs root still pass the start-up check
+    /// (`check_dir_safety`)? One replaced by a symlink, or loosened, while
+    /// we run is never followed: the error is logged once with the path and
+    /// the fix, daemon.json reports storage `degraded` with it, and nothing
+    /// is claimed until it is fixed. Three lstat calls.
+    fn dirs_safe(&mut self) -> bool {
+        let l = &self.layout;
+        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| check_dir_safety(p).err());
+        match (&self.unsafe_dir, &bad) {
+            (None, Some(e)) => tracing::error!(root = %l.root.display(), "claiming stopped: {e}"),
+            (Some(_), None) => {
+                tracing::info!(root = %l.root.display(), "the root's directories are safe again: claiming resumed")
+            }
+            _ => {}
+        }
+        self.unsafe_dir = bad.map(|e| e.to_string());
+        self.unsafe_dir.is_none()
+    }
+
     /// Is there room to claim? Below the free-space floor, or with writes
     /// still deferred, the spool is left alone (PROTOCOL §11).
     fn storage_ok(&mut self) -> bool {
@@ -623,7 +659,7 @@ impl Daemon {
     /// scheduler and liveness checks still run in between.
     fn scan_spool(&mut self) {
         self.spool_dirty = false;
-        if !self.storage_ok() {
+        if !self.dirs_safe() || !self.storage_ok() {
             return;
         }
         let fresh = self.spool_backlog.is_empty();
@@ -794,6 +830,13 @@ impl Daemon {
                 }
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
+                        Ok(Some(s))
+                            if s.state.is_active() && self.dead_runners.hold_repair(&self.bridge, &dir, &id, &s) =>
+                        {
+                            // Its processes and external jobs are being cleared; the repair follows.
+                            self.running.entry(id).or_insert(Slot { child: None });
+                            continue;
+                        }
                         Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
                         Ok(Some(s)) => supervisor::ensure_published_status(&mut self.w, &self.layout, &s),
                         Ok(None) => Ok(()),
@@ -1000,7 +1043,7 @@ impl Daemon {
         r.watch.backend = self.watch.choice.backend.into();
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
-        let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
+        let degraded = self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| self.w.last_error.clone());
         r.storage = match degraded {
             Some(reason) => StorageInfo {
                 state: "degraded".into(),

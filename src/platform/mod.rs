@@ -1,5 +1,7 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
-//! process-group membership.
+//! process-group membership; `procs`: keeping a run's processes contained.
+
+pub mod procs;
 
 use std::ffi::CString;
 use std::io;

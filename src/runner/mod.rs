@@ -173,6 +173,10 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let req: Request =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let mut w = Writer::new();
+    // Before any step exists: every orphan among the steps' descendants (a
+    // `setsid`'d or double-forked grandchild) is re-parented to us, so it can
+    // be found and killed when its step ends (`contain`).
+    let containment = if crate::platform::procs::become_subreaper() { "subreaper" } else { "process-group" };
     let now = crate::now_ms();
     let pid = std::process::id();
     let mut started = None;
@@ -190,6 +194,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             hostname: crate::platform::hostname(),
             start_identity: crate::platform::start_identity(pid),
             process_instance_id: uuid::Uuid::new_v4().to_string(),
+            containment: Some(containment.to_string()),
         });
         started = Some(s.clone());
         Some(s)
@@ -231,6 +236,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     };
     r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
     r.execute();
+    // Whatever escaped its step and is still around ends with the run.
+    r.contain(&[], &BTreeMap::new());
     // Perf: drop the inotify watch before the terminal writes; closing an inotify fd that still
     // has a watch waits for an RCU grace period (~10 ms) at exit, delaying the daemon's reaping.
     if let Some(w) = r._watcher.as_mut() {
@@ -467,6 +474,8 @@ impl Runner {
                     Err(e) => Some((i, Err(e))),
                 })
                 .collect();
+            let ended: Vec<(usize, u32)> =
+                exited.iter().filter_map(|(i, _)| running.get(i).map(|r| (*i, r.pid))).collect();
             for (i, res) in exited {
                 if let Some(r) = running.remove(&i) {
                     // Perf: with nothing else running, the next status write (the
@@ -477,6 +486,9 @@ impl Runner {
                     self.record_exit(i, r, res, save_now);
                 }
             }
+            // Escapees of the steps that ended go with them; orphans that
+            // exited on their own are reaped (they are our children now).
+            self.contain(&ended, &running);
             if self.watch_at.is_some_and(|t| Instant::now() >= t) {
                 self.watch_at = None;
                 self.watch_control(); // the check_control below sees what landed before the watch
@@ -784,6 +796,72 @@ fn heartbeat() -> Duration {
         .filter(|ms| *ms >= 100)
         .map(Duration::from_millis)
         .unwrap_or(HEARTBEAT)
+}
+
+impl Runner {
+    /// Reap the orphans this subreaper adopted that exited, and kill (then
+    /// reap) what the steps in `ended` (index, process group) left behind:
+    /// every adopted process in one of their process groups, or started with
+    /// one of their `RUNSPOOL_STEP_INDEX` values in this run. With no step
+    /// running (between steps, at the run's end) every adopted process goes,
+    /// whatever its environment says. Killing one may orphan its own
+    /// children to us: repeat until nothing is left (bounded).
+    fn contain(&mut self, ended: &[(usize, u32)], running: &BTreeMap<usize, Running>) {
+        use crate::platform::procs;
+        // Step processes are reaped by their `Child` (try_wait), never here.
+        let steps: std::collections::HashSet<u32> =
+            running.values().filter(|r| r.child.is_some()).map(|r| r.pid).collect();
+        let all = running.is_empty();
+        let adopted = || procs::children().into_iter().filter(|p| !steps.contains(p)).filter(|&p| !reap(p));
+        if ended.is_empty() && !all {
+            adopted().for_each(drop);
+            return;
+        }
+        let run_dir = self.dir.as_os_str().as_encoded_bytes().to_vec();
+        let left_by_ended = |pid: u32| -> bool {
+            let pgrp = procs::stat(pid).map(|s| s.pgrp);
+            let ours = procs::environ_var(pid, "RUNSPOOL_RUN_DIR").is_some_and(|d| d == run_dir);
+            let index = procs::environ_var(pid, "RUNSPOOL_STEP_INDEX").filter(|_| ours);
+            ended.iter().any(|(i, pg)| pgrp == Some(*pg) || index.as_deref() == Some(i.to_string().as_bytes()))
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        // A `children` file read while the list changes may miss an entry:
+        // done after two clean reads in a row.
+        let mut clean = 0;
+        loop {
+            let targets: Vec<u32> = adopted().filter(|&p| all || left_by_ended(p)).collect();
+            if targets.is_empty() {
+                clean += 1;
+                if clean == 2 {
+                    return;
+                }
+                continue;
+            }
+            clean = 0;
+            if Instant::now() >= until {
+                crate::note!(
+                    "processes {targets:?} left by the steps of {} survive SIGKILL (uninterruptible?); giving up on them",
+                    self.dir.display()
+                );
+                return;
+            }
+            for &pid in &targets {
+                tracing::info!(run_id = %self.status.run_id, pid, "killing a process that escaped its step");
+                procs::kill_with_group(pid);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Reap `pid` if it has exited. True when it is gone (reaped now, or not our child).
+fn reap(pid: u32) -> bool {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::StillAlive) => false,
+        Ok(_) => true,
+        Err(_) => true,
+    }
 }
 
 fn first_error(s: &Status) -> String {
