@@ -280,3 +280,16 @@ fn a_long_step_keeps_last_update_fresh() {
     open_gate(&gate);
     assert_eq!(env.wait_terminal("hb-1")["state"], "complete");
 }
+
+/// PROTOCOL §10: daemon.json is rewritten on every change of its fields,
+/// `lastRescanAt` included, so a client can tell that a rescan happened.
+#[test]
+fn daemon_json_shows_each_rescan() {
+    let mut env = TestEnv::with_config(FAST);
+    env.start_daemon();
+    let at = |env: &TestEnv| read_json(&env.daemon_json()).and_then(|d| d["lastRescanAt"].as_i64()).unwrap_or(0);
+    for _ in 0..3 {
+        let before = at(&env);
+        wait_until(Duration::from_secs(30), "lastRescanAt advances", || at(&env) > before);
+    }
+}
