@@ -143,6 +143,9 @@ pub struct Daemon {
     /// Active runs of other hosts (pi-subagents) found in the active index:
     /// read-only to runspool (§14), but their bridge requests are serviced.
     foreign: HashSet<String>,
+    /// When the last rescan ran (daemon.json `lastRescanAt`; `report` holds
+    /// what was last written).
+    last_rescan_at: Option<i64>,
     seq: u64,
     report: DaemonStatus,
     last_report_write: Instant,
@@ -249,6 +252,7 @@ impl Daemon {
             running: HashMap::new(),
             settling: Vec::new(),
             foreign: HashSet::new(),
+            last_rescan_at: None,
             seq: 0,
             report,
             last_report_write: Instant::now(),
@@ -574,7 +578,7 @@ impl Daemon {
             self.watch.replace("the spool directory was replaced");
         }
         self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
-        self.report.last_rescan_at = Some(crate::now_ms());
+        self.last_rescan_at = Some(crate::now_ms());
         // Control inboxes of queued runs may have changed unseen.
         let ids: Vec<String> = self.queued.iter().cloned().collect();
         for id in ids {
@@ -1036,6 +1040,7 @@ impl Daemon {
 
     fn write_report(&mut self, force: bool) {
         let mut r = self.report.clone();
+        r.last_rescan_at = self.last_rescan_at;
         if r.watch.backend != self.watch.choice.backend {
             r.watch.inotify = crate::cli::inotify_usage();
         }
