@@ -5,10 +5,8 @@
 mod external;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::OpenOptions;
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsFd as _;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -127,13 +125,8 @@ fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         for (name, fd) in [("runner.stdout.log", libc::STDOUT_FILENO), ("runner.stderr.log", libc::STDERR_FILENO)] {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(dir.join(name));
-            if let Ok(f) = f {
+            // A FIFO or link a step planted in place of a log is refused without blocking.
+            if let Ok(f) = fsutil::open_append(&dir.join(name)) {
                 // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
                 let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
             }
@@ -525,12 +518,8 @@ impl Runner {
         // A full disk (or fd table) is waited out here rather than failing the
         // step; a stop request is seen once the file exists.
         let (file, err) = fsutil::wait_out_capacity(out, || {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(out)?;
+            // An earlier step may have planted a FIFO here: refused, never waited on.
+            let f = fsutil::open_append(out)?;
             let e = f.try_clone()?;
             Ok((f, e))
         })

@@ -1,0 +1,198 @@
+//! Files in directories others can write are hostile (issue 12): a FIFO, a
+//! directory or a flood of output where runspool expects a small regular file
+//! never hangs the daemon or a runner, never makes the daemon loop on it, and
+//! never costs memory in proportion to its size. Descriptors the daemon
+//! inherits never reach runners and steps.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::fs::{self, File};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    let n = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// A config with a command provider `p` that answers every status poll.
+fn provider_env() -> TestEnv {
+    let env = TestEnv::new();
+    let dir = env.base().join("prov");
+    fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("provider.sh");
+    fs::write(
+        &exe,
+        "#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{\"providerJobId\":\"job-1\",\"state\":\"running\"}'\n",
+    )
+    .unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    env.write_config(&format!(
+        "{DEFAULT_CONFIG}[providers.p]\ntype = \"command\"\ncommand = [\"{}\"]\ntimeout_ms = 60000\n",
+        exe.display()
+    ));
+    env
+}
+
+/// A running run of ours whose "runner" is this test process (it holds
+/// runner.lock), with an empty `external-job-requests/`.
+fn fake_run(env: &TestEnv, id: &str) -> File {
+    let dir = env.run_dir(id);
+    mkdir_0700(&dir);
+    let req = json!({"version": 1, "runId": id, "cwd": env.work, "steps": [{"agent": "x", "externalJob": {"provider": "p", "prompt": "x"}}]});
+    write_file_mode(&dir.join("request.json"), req.to_string().as_bytes(), 0o600);
+    let now = now_ms();
+    let st = json!({
+        "runId": id, "sessionId": "default", "mode": "single", "state": "running",
+        "startedAt": now, "lastUpdate": now, "timeoutMs": 1800000, "pid": std::process::id(),
+        "runner": {"pid": std::process::id(), "hostname": hostname(), "processInstanceId": "test"},
+        "cwd": env.work, "queue": {"priority": 0, "claimedAt": now},
+        "steps": [{"agent": "x", "status": "running"}]
+    });
+    write_file_mode(&dir.join("status.json"), st.to_string().as_bytes(), 0o600);
+    write_file_mode(&env.active_dir().join(id), b"", 0o600);
+    let lock =
+        File::options().read(true).write(true).create(true).truncate(false).open(dir.join("runner.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    mkdir_0700(&dir.join("external-job-requests"));
+    lock
+}
+
+fn reqdir(env: &TestEnv, run: &str) -> PathBuf {
+    env.run_dir(run).join("external-job-requests")
+}
+
+fn response_path(env: &TestEnv, run: &str, id: &str) -> PathBuf {
+    env.run_dir(run).join("external-job-responses").join(format!("{id}.json"))
+}
+
+fn wait_response(env: &TestEnv, run: &str, id: &str) -> Value {
+    let p = response_path(env, run, id);
+    let mut v = None;
+    let ok = poll_until(LONG, || {
+        v = read_json(&p);
+        v.is_some()
+    });
+    assert!(ok, "no response {} after {:?}\n{}", p.display(), LONG, env.log_tail(60));
+    v.unwrap()
+}
+
+/// A status request answered proves a full sweep of `run` happened after everything before it.
+fn probe(env: &TestEnv, run: &str, n: usize) {
+    let id = format!("probe-{n}");
+    let body =
+        json!({"id": id, "operation": "status", "provider": "p", "providerJobId": "job-1", "createdAt": now_ms()});
+    let d = reqdir(env, run);
+    let tmp = d.join(format!(".{id}.tmp"));
+    write_file_mode(&tmp, body.to_string().as_bytes(), 0o600);
+    fs::rename(&tmp, d.join(format!("{id}.json"))).unwrap();
+    let r = wait_response(env, run, &id);
+    assert_eq!(r["ok"], true, "{r}");
+}
+
+/// Issue 12 item 1: a FIFO `<id>.json` in a bridge inbox is answered
+/// `malformed-request` and removed, and the daemon loop never blocks on it.
+#[test]
+fn fifo_bridge_request_is_answered_malformed_and_removed_without_blocking() {
+    let mut env = provider_env();
+    let _lock = fake_run(&env, "hf-fifo");
+    let fifo = reqdir(&env, "hf-fifo").join("fifo-req.json");
+    mkfifo(&fifo);
+    env.start_daemon();
+    let r = wait_response(&env, "hf-fifo", "fifo-req");
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["code"], "malformed-request", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("fifo-req.json"), "{r}");
+    wait_until(LONG, "the FIFO request to be removed", || fs::symlink_metadata(&fifo).is_err());
+    // The loop still serves the bridge and claims runs.
+    probe(&env, "hf-fifo", 1);
+    env.submit(&request(Some("hf-after-fifo"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-after-fifo")["state"], "complete");
+}
+
+/// Issue 12 item 11: a directory `<id>.json` in a bridge inbox gets one
+/// `malformed-request` answer; the daemon does not answer it again every sweep.
+#[test]
+fn directory_bridge_request_is_answered_once() {
+    let mut env = provider_env();
+    let _lock = fake_run(&env, "hf-dir");
+    let d = reqdir(&env, "hf-dir");
+    // A non-empty directory cannot be removed safely; an empty one is.
+    mkdir_0700(&d.join("dir-req.json"));
+    write_file_mode(&d.join("dir-req.json").join("inside"), b"x", 0o600);
+    mkdir_0700(&d.join("empty-req.json"));
+    env.start_daemon();
+    let r = wait_response(&env, "hf-dir", "dir-req");
+    assert_eq!(r["code"], "malformed-request", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("dir-req.json"), "{r}");
+    let r = wait_response(&env, "hf-dir", "empty-req");
+    assert_eq!(r["code"], "malformed-request", "{r}");
+    wait_until(LONG, "the empty directory request to be removed", || !d.join("empty-req.json").exists());
+    assert!(d.join("dir-req.json").join("inside").exists(), "a non-empty directory is never deleted");
+    // The runner consumed the answers; later sweeps must not write them again.
+    fs::remove_file(response_path(&env, "hf-dir", "dir-req")).unwrap();
+    fs::remove_file(response_path(&env, "hf-dir", "empty-req")).unwrap();
+    for n in 0..3 {
+        probe(&env, "hf-dir", n);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    probe(&env, "hf-dir", 3);
+    assert!(!response_path(&env, "hf-dir", "dir-req").exists(), "the directory request was answered again");
+    assert!(!response_path(&env, "hf-dir", "empty-req").exists(), "the removed request was answered again");
+}
+
+/// Issue 12 item 2: a step that replaces events.jsonl or the next step's
+/// output log with a FIFO hangs neither its runner (the timeout still ends
+/// the run) nor the daemon's repair of a dead runner.
+#[test]
+fn fifo_in_place_of_events_or_output_hangs_neither_runner_nor_daemon() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    // The events log becomes a FIFO, then the run times out.
+    let mut req = request(
+        Some("hf-ev"),
+        &env.work,
+        vec![
+            sh_step("plant", "rm -f \"$RUNSPOOL_RUN_DIR/events.jsonl\"; mkfifo \"$RUNSPOOL_RUN_DIR/events.jsonl\""),
+            sh_step("sleep", "sleep 600"),
+        ],
+    );
+    req["timeoutMs"] = json!(3000);
+    env.submit(&req);
+    // The next step's output log becomes a FIFO.
+    env.submit(&request(
+        Some("hf-out"),
+        &env.work,
+        vec![sh_step("plant", "mkfifo \"$RUNSPOOL_RUN_DIR/output-1.log\""), sh_step("next", "echo never")],
+    ));
+    let st = env.wait_terminal("hf-ev");
+    assert_eq!(st["state"], "failed", "{st}");
+    let st = env.wait_terminal("hf-out");
+    assert_eq!(st["state"], "failed", "{st}");
+    let err = st["steps"][1]["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains("output-1.log") && err.contains("not a regular file"), "{st}");
+    // The events log becomes a FIFO and the runner dies: the daemon repairs the run.
+    env.submit(&request(
+        Some("hf-dead"),
+        &env.work,
+        vec![sh_step(
+            "plant",
+            "rm -f \"$RUNSPOOL_RUN_DIR/events.jsonl\"; mkfifo \"$RUNSPOOL_RUN_DIR/events.jsonl\"; kill -9 $PPID; sleep 5",
+        )],
+    ));
+    let st = env.wait_terminal("hf-dead");
+    assert_eq!(st["state"], "failed", "{st}");
+    // And the daemon still claims and runs.
+    env.submit(&request(Some("hf-after"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-after")["state"], "complete", "{}", env.log_tail(40));
+}
