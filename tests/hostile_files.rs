@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 fn mkfifo(p: &Path) {
@@ -195,4 +196,42 @@ fn fifo_in_place_of_events_or_output_hangs_neither_runner_nor_daemon() {
     // And the daemon still claims and runs.
     env.submit(&request(Some("hf-after"), &env.work, vec![sh_step("a", "echo ok")]));
     assert_eq!(env.wait_terminal("hf-after")["state"], "complete", "{}", env.log_tail(40));
+}
+
+/// Issue 12 item 7: a descriptor the daemon inherits (here a pipe without
+/// close-on-exec at fd 47) never reaches a runner or a step.
+#[test]
+fn inherited_descriptors_do_not_reach_steps() {
+    let mut env = TestEnv::new();
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (r, w) = (fds[0], fds[1]);
+    let mut cmd = env.daemon_command_for(Path::new(BIN), &env.root);
+    // SAFETY: dup2 is async-signal-safe; the copy at 47 has no close-on-exec flag.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w, 47) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    env.start_daemon_command(cmd);
+    unsafe {
+        libc::close(w);
+    }
+    env.submit(&request(
+        Some("hf-fds"),
+        &env.work,
+        vec![sh_step("fds", "for f in /proc/self/fd/*; do echo \"fd ${f##*/}\"; done")],
+    ));
+    assert_eq!(env.wait_terminal("hf-fds")["state"], "complete");
+    let out = env.output_log("hf-fds", 0);
+    let listed: Vec<u32> = out.lines().filter_map(|l| l.strip_prefix("fd ")?.parse().ok()).collect();
+    assert!(listed.contains(&0) && listed.contains(&1), "{out}");
+    // 0, 1, 2 and the descriptor the shell opened to list the directory.
+    assert!(listed.iter().all(|&fd| fd <= 3), "descriptors leaked into the step: {listed:?}\n{out}");
+    unsafe {
+        libc::close(r);
+    }
 }
