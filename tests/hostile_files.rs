@@ -13,6 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
@@ -233,5 +234,78 @@ fn inherited_descriptors_do_not_reach_steps() {
     assert!(listed.iter().all(|&fd| fd <= 3), "descriptors leaked into the step: {listed:?}\n{out}");
     unsafe {
         libc::close(r);
+    }
+}
+
+fn vm_hwm(pid: u32) -> Option<u64> {
+    let st = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 =
+        st.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Run `runspool logs` on `id`, reading its output through a pipe; returns
+/// (success, bytes printed, peak RSS in bytes). The peak is the CLI's own
+/// VmHWM, sampled while the full pipe holds it back (getrusage would count
+/// the test process it was spawned from).
+fn logs_peak_rss(env: &TestEnv, id: &str, json: bool) -> (bool, u64, u64) {
+    use std::io::Read;
+    let mut cmd = Command::new(BIN);
+    cmd.arg("logs").arg("--root").arg(&env.root).arg(id);
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.env("XDG_CONFIG_HOME", env.base().join("xdg")).stdin(Stdio::null()).stdout(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let (mut total, mut peak) = (0u64, 0u64);
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        peak = peak.max(vm_hwm(child.id()).unwrap_or(0));
+        match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n as u64,
+            Err(e) => panic!("reading runspool logs: {e}"),
+        }
+    }
+    (child.wait().unwrap().success(), total, peak)
+}
+
+/// Issue 12 item 10: `runspool logs` streams the output, with and without
+/// `--json`: its peak memory stays far below a 256 MiB output.
+#[test]
+fn logs_streams_large_output_in_bounded_memory() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("hf-big"), &env.work, vec![sh_step("big", "printf 'caf\\303\\251 \\377 end'")]));
+    assert_eq!(env.wait_terminal("hf-big")["state"], "complete");
+    // The JSON form keeps its shape and lossy text.
+    let o = env.cli(&["logs", "hf-big", "--json"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("logs --json prints JSON");
+    assert_eq!(v[0]["output"], "café \u{fffd} end", "{v}");
+    assert_eq!(v[0]["bytes"], 11, "{v}");
+    assert_eq!(v[0]["agent"], "big", "{v}");
+    assert_eq!(v[0]["status"], "complete", "{v}");
+    assert_eq!(v[0]["step"], 0, "{v}");
+    let o = env.cli(&["logs", "hf-big"]);
+    assert_eq!(o.stdout, b"caf\xc3\xa9 \xff end", "{}", describe(&o));
+    // Now 256 MiB of text lines.
+    const SIZE: u64 = 256 << 20;
+    let mut line = vec![b'x'; 1023];
+    line.push(b'\n');
+    let chunk = line.repeat(1024);
+    let mut f = File::create(env.run_dir("hf-big").join("output-0.log")).unwrap();
+    for _ in 0..SIZE >> 20 {
+        std::io::Write::write_all(&mut f, &chunk).unwrap();
+    }
+    drop(f);
+    for json in [false, true] {
+        let (ok, printed, peak) = logs_peak_rss(&env, "hf-big", json);
+        assert!(ok, "runspool logs (json: {json}) failed");
+        // Plain: the bytes as they are; JSON: each newline as two characters.
+        let want = if json { SIZE + (SIZE >> 10) } else { SIZE };
+        assert!(printed >= want, "runspool logs (json: {json}) printed {printed} bytes, want {want}");
+        assert!(peak < 64 << 20, "runspool logs (json: {json}) peaked at {} MiB for a 256 MiB output", peak >> 20);
     }
 }
