@@ -309,3 +309,25 @@ fn logs_streams_large_output_in_bounded_memory() {
         assert!(peak < 64 << 20, "runspool logs (json: {json}) peaked at {} MiB for a 256 MiB output", peak >> 20);
     }
 }
+
+/// Issue 12 item 20 (first half): hook.log is capped at 1 MiB however much a
+/// hook prints, and the hook is not harmed by the cap.
+#[test]
+fn hook_log_is_capped() {
+    let mut env = TestEnv::new();
+    let w = env.work.display().to_string();
+    env.write_config(&format!(
+        "{DEFAULT_CONFIG}[hooks]\ntimeout_s = 120\non_complete = [\"sh\", \"-c\", \"head -c 20000000 /dev/zero; echo tail >&2; echo done > '{w}/hook-done'\"]\n"
+    ));
+    env.start_daemon();
+    env.submit(&request(Some("hf-hook"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-hook")["state"], "complete");
+    let record = env.run_dir("hf-hook").join("hook.json");
+    wait_until(LONG, "the hook to end", || read_json(&record).is_some_and(|r| r.get("endedAt").is_some()));
+    let r = read_json(&record).unwrap();
+    assert_eq!(r["exitCode"], 0, "the hook ran to its end: {r}");
+    assert!(env.work.join("hook-done").exists());
+    let len = fs::metadata(env.run_dir("hf-hook").join("hook.log")).unwrap().len();
+    assert!(len <= (1 << 20) + 4096, "hook.log is {len} bytes");
+    assert!(len >= 1 << 20, "hook.log keeps the first MiB: {len} bytes");
+}
