@@ -331,3 +331,51 @@ fn hook_log_is_capped() {
     assert!(len <= (1 << 20) + 4096, "hook.log is {len} bytes");
     assert!(len >= 1 << 20, "hook.log keeps the first MiB: {len} bytes");
 }
+
+/// A FIFO planted as a terminal marker (clients and pi hosts write
+/// `.terminal-runs/`) does not hang the daemon's retention sweep.
+#[test]
+fn fifo_terminal_marker_does_not_hang_retention() {
+    let mut env = TestEnv::new();
+    let sdir = env.terminal_dir().join("default");
+    mkdir_0700(&sdir);
+    mkfifo(&sdir.join("0000000000000001-old-run.json"));
+    env.start_daemon();
+    env.submit(&request(Some("hf-ret"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-ret")["state"], "complete");
+}
+
+/// A step that turns its run's bridge inboxes into symlinks to another
+/// directory does not make the daemon answer or remove files there, nor
+/// write responses there.
+#[test]
+fn symlinked_bridge_directories_are_not_followed() {
+    let mut env = provider_env();
+    let _lock = fake_run(&env, "hf-link");
+    let _other = fake_run(&env, "hf-plain");
+    let _probe = fake_run(&env, "hf-probe");
+    let outside = env.base().join("outside");
+    mkdir_0700(&outside);
+    write_file_mode(&outside.join("victim.json"), b"{ not a request", 0o600);
+    set_mtime_ago(&outside.join("victim.json"), 30);
+    let reqs = reqdir(&env, "hf-link");
+    fs::remove_dir(&reqs).unwrap();
+    std::os::unix::fs::symlink(&outside, &reqs).unwrap();
+    // The responses side: a real request whose answer would land in `outside`.
+    let resp_outside = env.base().join("outside-responses");
+    mkdir_0700(&resp_outside);
+    std::os::unix::fs::symlink(&resp_outside, env.run_dir("hf-plain").join("external-job-responses")).unwrap();
+    let body = json!({"id": "garbage", "operation": "status", "provider": "p", "createdAt": 1});
+    write_file_mode(&reqdir(&env, "hf-plain").join("garbage.json"), body.to_string().as_bytes(), 0o600);
+    set_mtime_ago(&reqdir(&env, "hf-plain").join("garbage.json"), 30);
+    env.start_daemon();
+    // Several full sweeps (one a second) of every run.
+    for n in 0..3 {
+        probe(&env, "hf-probe", n);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    probe(&env, "hf-probe", 3);
+    assert!(outside.join("victim.json").exists(), "a file behind a symlinked inbox was removed");
+    assert!(!env.run_dir("hf-link").join("external-job-responses").join("victim.json").exists());
+    assert!(!resp_outside.join("garbage.json").exists(), "a response was written through a symlink");
+}

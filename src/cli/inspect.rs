@@ -136,7 +136,7 @@ pub fn wait(
         } else if let Some(name) = spool_name {
             let stem = name.trim_end_matches(".json");
             let err = layout.rejected().join(format!("{stem}.error.json"));
-            if let Ok(b) = std::fs::read(&err) {
+            if let Ok(b) = fsutil::read_nofollow(&err, 1 << 20) {
                 progress.clear();
                 let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));
                 eprintln!(

@@ -154,6 +154,15 @@ impl Bridge {
     fn sweep(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
         let dir = layout.run_dir(run_id);
         let reqdir = dir.join(REQUESTS);
+        match fsutil::real_dir(&reqdir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+            Err(e) => {
+                // Debug: a step could otherwise fill the journal once a second.
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+        }
         let rd = match std::fs::read_dir(&reqdir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
@@ -731,6 +740,7 @@ fn respond(dir: &Path, id: &str, op: &str, provider: &str, r: Result<Handle, Fai
     };
     let rdir = dir.join(RESPONSES);
     fsutil::mkdir_private(&rdir)?;
+    fsutil::real_dir(&rdir)?;
     write_retrying(&rdir.join(format!("{id}.json")), &to_json(&resp), false)
 }
 

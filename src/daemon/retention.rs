@@ -25,7 +25,8 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
             if ended >= cutoff {
                 continue;
             }
-            let Ok(bytes) = std::fs::read(m.path()) else { continue };
+            // Markers are written by clients and pi hosts: never block on a FIFO here.
+            let Ok(bytes) = crate::store::fsutil::read_nofollow(&m.path(), 64 * 1024) else { continue };
             let Ok(marker) = serde_json::from_slice::<crate::protocol::status::TerminalMarker>(&bytes) else {
                 continue;
             };

@@ -257,6 +257,21 @@ fn not_regular(path: &Path, kind: std::fs::FileType) -> io::Error {
     )
 }
 
+/// Ok when `dir` is a directory itself, not a symlink to one: a step may
+/// turn a run's inbox into a link to any directory of the user's, whose files
+/// runspool must then neither read, answer, remove nor write.
+pub fn real_dir(dir: &Path) -> io::Result<()> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if md.is_dir() {
+        return Ok(());
+    }
+    let what = if md.file_type().is_symlink() { "a symbolic link" } else { "not a directory" };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{} is {what}; runspool does not follow it: remove it", dir.display()),
+    ))
+}
+
 /// Open for reading through [`open_regular`].
 pub fn open_read(path: &Path) -> io::Result<File> {
     open_regular(path, OpenOptions::new().read(true))
