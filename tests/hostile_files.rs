@@ -171,11 +171,18 @@ fn fifo_in_place_of_events_or_output_hangs_neither_runner_nor_daemon() {
     );
     req["timeoutMs"] = json!(3000);
     env.submit(&req);
-    // The next step's output log becomes a FIFO.
+    // The next step's output log becomes a FIFO, and so does the status lock
+    // (a FIFO locks like a file: the run's status is still written).
     env.submit(&request(
         Some("hf-out"),
         &env.work,
-        vec![sh_step("plant", "mkfifo \"$RUNSPOOL_RUN_DIR/output-1.log\""), sh_step("next", "echo never")],
+        vec![
+            sh_step(
+                "plant",
+                "mkfifo \"$RUNSPOOL_RUN_DIR/output-1.log\"; rm -f \"$RUNSPOOL_RUN_DIR/.status.lock\"; mkfifo \"$RUNSPOOL_RUN_DIR/.status.lock\"",
+            ),
+            sh_step("next", "echo never"),
+        ],
     ));
     let st = env.wait_terminal("hf-ev");
     assert_eq!(st["state"], "failed", "{st}");

@@ -160,10 +160,15 @@ pub fn wait_out_capacity<T>(what: &Path, mut f: impl FnMut() -> io::Result<T>) -
     }
 }
 
-/// Open (creating 0600) a lock file through [`open_regular`] and take an
+/// Open (creating 0600) a lock file like [`open_regular`] and take an
 /// exclusive flock. `Ok(None)` when `nonblocking` and someone else holds it.
+/// A FIFO is accepted here, as it always was: a flock on its inode excludes
+/// like any other, and refusing it would let a step that plants one stop its
+/// run's status from ever being written (nothing is read or written through a
+/// lock, and the open does not block).
 pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {
-    let f = open_regular(path, OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600))?;
+    let opts = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).clone();
+    let f = open_checked(path, &opts, true)?;
     if flock(&f, nonblocking)? {
         Ok(Some(f))
     } else {
@@ -190,10 +195,10 @@ pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
 /// Is the lock at `path` held by a live process? Taking it is the only proof
 /// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
 pub fn lock_held(path: &Path) -> io::Result<bool> {
-    // A FIFO, link or directory planted as a lock file is no held lock, and
-    // checking it never blocks.
-    let f = match open_read(path) {
+    // Opened like `lock` opens it, so the two agree; never blocks.
+    let f = match open_checked(path, OpenOptions::new().read(true), true) {
         Ok(f) => f,
+        // A link or directory planted as a lock file is no held lock.
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::InvalidInput) => return Ok(false),
         Err(e) => return Err(e),
     };
@@ -209,6 +214,12 @@ pub fn lock_held(path: &Path) -> io::Result<bool> {
 /// path), and blocking mode is restored for the reads and writes that follow.
 /// Other open errors keep their errno (`NotFound`, capacity) for the caller.
 pub fn open_regular(path: &Path, opts: &OpenOptions) -> io::Result<File> {
+    open_checked(path, opts, false)
+}
+
+/// [`open_regular`], also accepting a FIFO when `fifo_ok` (locks only).
+fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<File> {
+    use std::os::unix::fs::FileTypeExt;
     let mut opts = opts.clone();
     opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY);
     let f = match opts.open(path) {
@@ -224,7 +235,7 @@ pub fn open_regular(path: &Path, opts: &OpenOptions) -> io::Result<File> {
         Err(e) => return Err(e),
     };
     let kind = f.metadata()?.file_type();
-    if !kind.is_file() {
+    if !(kind.is_file() || fifo_ok && kind.is_fifo()) {
         return Err(not_regular(path, kind));
     }
     let fd = f.as_raw_fd();
@@ -358,7 +369,7 @@ mod tests {
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert_eq!(read_nofollow(&fifo, 10).unwrap_err().kind(), io::ErrorKind::InvalidInput);
-        assert!(!lock_held(&fifo).unwrap(), "a FIFO is no held lock, and checking it does not block");
+        assert!(!lock_held(&fifo).unwrap(), "nobody holds the FIFO, and checking it does not block");
         std::fs::write(d.path().join("real"), b"x").unwrap();
         std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
         assert!(read_nofollow(&d.path().join("link"), 10).is_err());
@@ -374,19 +385,21 @@ mod tests {
         std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
         for (name, what) in [("fifo", "a FIFO"), ("dir", "a directory"), ("link", "a symbolic link")] {
             let p = d.path().join(name);
-            let results = [
-                append_line(&p, b"x").map(|_| ()),
-                touch(&p),
-                read_nofollow(&p, 10).map(|_| ()),
-                lock(&p, true).map(|_| ()),
-            ];
+            let results = [append_line(&p, b"x").map(|_| ()), touch(&p), read_nofollow(&p, 10).map(|_| ())];
             for r in results {
                 let e = r.unwrap_err();
                 assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name}: {e}");
                 assert!(e.to_string().contains(what) && e.to_string().contains(name), "{name}: {e}");
             }
         }
+        for name in ["dir", "link"] {
+            assert_eq!(lock(&d.path().join(name), true).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        }
         assert!(!d.path().join("real").exists(), "a link is never followed to create its target");
+        // A FIFO lock file locks like any other, without blocking the open.
+        let held = lock(&fifo, true).unwrap().expect("the FIFO lock is free");
+        assert!(lock_held(&fifo).unwrap());
+        drop(held);
         // A regular file opens in blocking mode.
         let f = open_append(&d.path().join("real")).unwrap();
         assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) } & libc::O_NONBLOCK, 0);
