@@ -386,3 +386,39 @@ fn symlinked_bridge_directories_are_not_followed() {
     assert!(!env.run_dir("hf-link").join("external-job-responses").join("victim.json").exists());
     assert!(!resp_outside.join("garbage.json").exists(), "a response was written through a symlink");
 }
+
+/// A FIFO planted where a run's active marker goes (`.active-runs/` is
+/// written by clients and pi hosts) neither hangs the claim nor the run.
+#[test]
+fn fifo_active_marker_hangs_nothing() {
+    let mut env = TestEnv::new();
+    mkfifo(&env.active_dir().join("hf-mark"));
+    env.start_daemon();
+    env.submit(&request(Some("hf-mark"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-mark")["state"], "complete", "{}", env.log_tail(40));
+    env.submit(&request(Some("hf-mark-after"), &env.work, vec![sh_step("a", "echo ok")]));
+    assert_eq!(env.wait_terminal("hf-mark-after")["state"], "complete", "{}", env.log_tail(40));
+}
+
+/// Issue 12 item 2, stop: a run whose events log became a FIFO still obeys stop.
+#[test]
+fn fifo_events_log_does_not_block_stop() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let gate = env.work.join("planted");
+    env.submit(&request(
+        Some("hf-stop"),
+        &env.work,
+        vec![sh_step(
+            "plant",
+            &format!(
+                "rm -f \"$RUNSPOOL_RUN_DIR/events.jsonl\"; mkfifo \"$RUNSPOOL_RUN_DIR/events.jsonl\"; touch '{}'; sleep 600",
+                gate.display()
+            ),
+        )],
+    ));
+    wait_until(LONG, "the FIFO to be planted", || gate.exists());
+    let o = env.cli(&["stop", "hf-stop"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(env.wait_terminal("hf-stop")["state"], "stopped");
+}
