@@ -96,10 +96,10 @@ pub struct Runner {
 
 /// Entry point. Returns the process exit code.
 pub fn main(run_dir: &Path) -> i32 {
-    // Nothing the runner was started with beyond stdio reaches its steps.
-    crate::platform::close_inherited_fds();
     // Detach into a session of our own (the daemon spawns us without a pre_exec hook).
     let _ = nix::unistd::setsid();
+    // Nothing the runner was started with beyond stdio reaches its steps.
+    crate::platform::close_inherited_fds();
     // Whatever the runner prints lands in its logs, a panic before `open_logs` included.
     let dir = run_dir.to_path_buf();
     let default_hook = std::panic::take_hook();
