@@ -422,3 +422,29 @@ fn fifo_events_log_does_not_block_stop() {
     assert!(o.status.success(), "{}", describe(&o));
     assert_eq!(env.wait_terminal("hf-stop")["state"], "stopped");
 }
+
+/// `<id>.claim` entries that are not directories (a file, a symlink to a
+/// directory elsewhere) are no claims: the daemon neither answers them every
+/// sweep nor writes `owner.json` / `completed.json` through a link.
+#[test]
+fn claims_that_are_not_directories_are_ignored() {
+    let mut env = provider_env();
+    let _lock = fake_run(&env, "hf-claim");
+    let d = reqdir(&env, "hf-claim");
+    write_file_mode(&d.join("c-file.claim"), b"x", 0o600);
+    set_mtime_ago(&d.join("c-file.claim"), 600);
+    let outside = env.base().join("claim-outside");
+    mkdir_0700(&outside);
+    set_mtime_ago(&outside, 600);
+    std::os::unix::fs::symlink(&outside, d.join("c-link.claim")).unwrap();
+    env.start_daemon();
+    for n in 0..3 {
+        probe(&env, "hf-claim", n);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    probe(&env, "hf-claim", 3);
+    assert!(!response_path(&env, "hf-claim", "c-file").exists(), "a file named .claim was answered");
+    assert!(!response_path(&env, "hf-claim", "c-link").exists(), "a symlink named .claim was answered");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "files were written through a .claim symlink");
+    assert!(d.join("c-file.claim").exists() && d.join("c-link.claim").exists());
+}

@@ -186,6 +186,10 @@ impl Bridge {
                 if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
                     requests.push(stem.to_string());
                 }
+            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                // A claim is a directory of ours; a file or a symlink (to a
+                // directory anywhere) by that name is none: never answered,
+                // never written through.
             } else if let Some(stem) = name.strip_suffix(".claim") {
                 claims.push(stem.to_string());
             } else if name.contains(".claim.tmp-") {
