@@ -163,6 +163,14 @@ impl Bridge {
                 return false;
             }
         }
+        // No answer could be written: leave the requests (and the log) alone.
+        match fsutil::real_dir(&dir.join(RESPONSES)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+            _ => {}
+        }
         let rd = match std::fs::read_dir(&reqdir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
