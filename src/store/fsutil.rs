@@ -235,7 +235,7 @@ fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<Fi
         Err(e) => return Err(e),
     };
     let kind = f.metadata()?.file_type();
-    if !(kind.is_file() || fifo_ok && kind.is_fifo()) {
+    if !(kind.is_file() || (fifo_ok && kind.is_fifo())) {
         return Err(not_regular(path, kind));
     }
     let fd = f.as_raw_fd();
