@@ -301,6 +301,7 @@ pub fn main() -> i32 {
         Cmd::Completions { shell } => docs::completions(shell, Cli::command()),
         Cmd::Man { dir } => docs::man(Cli::command(), dir.as_deref()),
         Cmd::Daemon { config } => {
+            crate::platform::close_inherited_fds();
             let level =
                 crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             crate::logging::init(&level, true);

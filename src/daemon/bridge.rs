@@ -58,6 +58,10 @@ pub struct Bridge {
     retry_at: HashMap<(String, String), Instant>,
     watched: HashSet<String>,
     launched: HashMap<String, bool>,
+    /// Request entries that are not regular files and could not be removed
+    /// (a non-empty directory): answered once, then skipped while the same
+    /// entry (device, inode) stays in place.
+    refused: HashSet<(String, String, u64, u64)>,
 }
 
 impl Bridge {
@@ -84,6 +88,7 @@ impl Bridge {
             retry_at: HashMap::new(),
             watched: HashSet::new(),
             launched: HashMap::new(),
+            refused: HashSet::new(),
         }
     }
 
@@ -139,6 +144,7 @@ impl Bridge {
         });
         self.launched.retain(|r, _| running.contains(r));
         self.retry_at.retain(|(r, _), _| running.contains(r));
+        self.refused.retain(|(r, ..)| running.contains(r));
         for run_id in std::mem::take(&mut self.dirty) {
             if !running.contains(&run_id) {
                 continue;
@@ -153,6 +159,23 @@ impl Bridge {
     fn sweep(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
         let dir = layout.run_dir(run_id);
         let reqdir = dir.join(REQUESTS);
+        match fsutil::real_dir(&reqdir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+            Err(e) => {
+                // Debug: a step could otherwise fill the journal once a second.
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+        }
+        // No answer could be written: leave the requests (and the log) alone.
+        match fsutil::real_dir(&dir.join(RESPONSES)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+            _ => {}
+        }
         let rd = match std::fs::read_dir(&reqdir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
@@ -176,6 +199,10 @@ impl Bridge {
                 if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
                     requests.push(stem.to_string());
                 }
+            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                // A claim is a directory of ours; a file or a symlink (to a
+                // directory anywhere) by that name is none: never answered,
+                // never written through.
             } else if let Some(stem) = name.strip_suffix(".claim") {
                 claims.push(stem.to_string());
             } else if name.contains(".claim.tmp-") {
@@ -213,6 +240,9 @@ impl Bridge {
             }
             let path = reqdir.join(format!("{id}.json"));
             let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
+            if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
+                continue;
+            }
             let mtime = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
             let parsed = if !md.is_file() {
                 Err(format!("{} is not a regular file; write requests as regular files", path.display()))
@@ -262,7 +292,7 @@ impl Bridge {
                 let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
                 let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
-                self.answer_and_remove(dir, id, &op, &prov, Err(f), &path);
+                self.answer_and_remove(run_id, dir, id, &op, &prov, Err(f), &path);
                 return;
             }
         };
@@ -275,7 +305,7 @@ impl Bridge {
                         req.provider, req.provider
                     ),
                 );
-                self.answer_and_remove(dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
+                self.answer_and_remove(run_id, dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
             }
             // Otherwise another host may own the run: its requests are left alone.
             return;
@@ -283,10 +313,8 @@ impl Bridge {
         match req.operation {
             Operation::Start | Operation::FollowUp => self.claim_start(run_id, dir, req, provider, limit),
             _ => {
-                let lock = match File::options().read(true).open(&path) {
-                    Ok(f) => f,
-                    Err(_) => return,
-                };
+                // Swapped for something else since the read: the next sweep sees it.
+                let Ok(lock) = fsutil::open_read(&path) else { return };
                 match fsutil::flock(&lock, true) {
                     Ok(true) => {}
                     _ => return, // another servicer holds it
@@ -313,8 +341,11 @@ impl Bridge {
     }
 
     /// Answer in the loop (no provider involved), then remove the request under its lock.
+    /// Never blocks: the request is opened through `fsutil::open_regular`.
+    #[allow(clippy::too_many_arguments)]
     fn answer_and_remove(
-        &self,
+        &mut self,
+        run_id: &str,
         dir: &Path,
         id: &str,
         op: &str,
@@ -322,12 +353,50 @@ impl Bridge {
         r: Result<Handle, Failure>,
         path: &Path,
     ) {
-        let Ok(lock) = File::options().read(true).open(path) else { return };
+        let lock = match fsutil::open_read(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return self.answer_non_regular(run_id, dir, id, op, provider, r, path)
+            }
+            Err(_) => return,
+        };
         if !matches!(fsutil::flock(&lock, true), Ok(true)) {
             return;
         }
         if respond(dir, id, op, provider, r).is_ok() {
             let _ = fsutil::remove_if_exists(path);
+        }
+    }
+
+    /// A request entry that is not a regular file (FIFO, socket, device,
+    /// symlink, directory) has no lock to take and nothing to read: answer it,
+    /// then unlink it (`rmdir` for a directory, which removes only an empty
+    /// one). What cannot be removed is remembered and not answered again.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_non_regular(
+        &mut self,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+        op: &str,
+        provider: &str,
+        r: Result<Handle, Failure>,
+        path: &Path,
+    ) {
+        let Ok(md) = std::fs::symlink_metadata(path) else { return };
+        if md.is_file() {
+            return; // replaced by a regular file meanwhile: the next sweep reads it
+        }
+        if respond(dir, id, op, provider, r).is_err() {
+            return;
+        }
+        let removed = if md.is_dir() { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
+        if let Err(e) = removed {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(run_id, request = id, path = %path.display(), error = %e,
+                    "cannot remove a bridge request that is not a regular file; answered once, ignored from now on");
+                self.refused.insert((run_id.to_string(), id.to_string(), md.dev(), md.ino()));
+            }
         }
     }
 
@@ -704,6 +773,7 @@ fn respond(dir: &Path, id: &str, op: &str, provider: &str, r: Result<Handle, Fai
     };
     let rdir = dir.join(RESPONSES);
     fsutil::mkdir_private(&rdir)?;
+    fsutil::real_dir(&rdir)?;
     write_retrying(&rdir.join(format!("{id}.json")), &to_json(&resp), false)
 }
 

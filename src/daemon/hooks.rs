@@ -18,7 +18,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,6 +30,11 @@ use crate::protocol::status::{State, Status};
 use crate::store::{fsutil, results, run, Layout};
 
 const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// hook.log keeps at most this many bytes of a run's hook output (stdout and
+/// stderr); the rest is read and discarded, and one line says so
+/// (docs/config.md).
+pub const HOOK_LOG_MAX: u64 = 1024 * 1024;
 
 /// `<runDir>/hook.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -309,18 +313,18 @@ impl Hooks {
 }
 
 fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join("hook.log"))?;
+    // The run directory is the steps' to write: a FIFO planted as hook.log is refused, never waited on.
+    let log = fsutil::open_append(&dir.join("hook.log"))?;
+    // The hook writes into a pipe and a thread copies at most HOOK_LOG_MAX
+    // bytes into hook.log, so a hook that prints without end fills no disk.
+    let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let output = std::fs::File::from(output);
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
         .current_dir(dir)
         .stdin(Stdio::piped())
-        .stdout(log.try_clone()?)
-        .stderr(log)
+        .stdout(input.try_clone()?)
+        .stderr(Stdio::from(input))
         .process_group(0)
         .env("RUNSPOOL_RUN_ID", &s.run_id)
         .env("RUNSPOOL_STATE", s.state.as_str())
@@ -330,7 +334,42 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
     for k in crate::runner::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
-    cmd.spawn()
+    let child = cmd.spawn()?;
+    // Our copies of the pipe's write end must close, or the copier never sees its end.
+    drop(cmd);
+    let path = dir.join("hook.log");
+    std::thread::Builder::new().name("hook-log".into()).spawn(move || copy_capped(output, log, HOOK_LOG_MAX, &path))?;
+    Ok(child)
+}
+
+/// Copy `from` into `to` until `to` holds `max` bytes, then read on and
+/// discard (the writer never blocks on a full pipe), with one line saying so.
+fn copy_capped(mut from: impl io::Read, mut to: std::fs::File, max: u64, path: &Path) {
+    let mut used = to.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut noted = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        let keep = n.min(max.saturating_sub(used) as usize);
+        if keep > 0 {
+            if let Err(e) = to.write_all(&buf[..keep]) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write hook output; discarding the rest");
+                used = max;
+                noted = true;
+            } else {
+                used += keep as u64;
+            }
+        }
+        if keep < n && !noted {
+            noted = true;
+            let _ = writeln!(to, "\n[runspool: hook output past {max} bytes discarded]");
+        }
+    }
 }
 
 /// Create hook.json only if it does not exist. Ok(false): it already did.

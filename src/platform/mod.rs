@@ -140,3 +140,34 @@ pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
 }
+
+/// Close every descriptor above 2 this process inherited (a shell's stray
+/// pipe, a jobserver, socket-activation descriptors), so that none is held
+/// open by us or reaches a runner, step, hook or provider. Call it first
+/// thing, before the process opens anything of its own; everything runspool
+/// opens afterwards is close-on-exec (std's default, `fsutil::open_regular`).
+pub fn close_inherited_fds() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: close_range(2) takes plain integers; nothing of ours is open yet.
+        if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } == 0 {
+            return;
+        }
+    }
+    // Older kernels (close_range is Linux 5.9) and macOS: list what is open.
+    let dir = if Path::new("/proc/self/fd").is_dir() { "/proc/self/fd" } else { "/dev/fd" };
+    let listed: Vec<i32> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect(),
+        Err(_) => {
+            // SAFETY: getrlimit writes into the struct we pass.
+            let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+            (3..max.min(65_536) as i32).collect()
+        }
+    };
+    // The listing's own descriptor is closed by now; closing it again is a harmless EBADF.
+    for fd in listed {
+        // SAFETY: closing descriptors we inherited and do not use.
+        unsafe { libc::close(fd) };
+    }
+}

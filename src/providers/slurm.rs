@@ -524,7 +524,8 @@ fn parse_scontrol(out: &str) -> Vec<JobInfo> {
 
 fn read_tail(path: &Path, max: usize) -> std::io::Result<String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
+    // The job's output file is the job's to write: never block on a FIFO there.
+    let mut f = crate::store::fsutil::open_read(path)?;
     let len = f.metadata()?.len();
     if len > max as u64 {
         f.seek(SeekFrom::Start(len - max as u64))?;

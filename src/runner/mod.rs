@@ -5,10 +5,8 @@
 mod external;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::OpenOptions;
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsFd as _;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -106,6 +104,8 @@ pub struct Runner {
 pub fn main(run_dir: &Path) -> i32 {
     // Detach into a session of our own (the daemon spawns us without a pre_exec hook).
     let _ = nix::unistd::setsid();
+    // Nothing the runner was started with beyond stdio reaches its steps.
+    crate::platform::close_inherited_fds();
     // Whatever the runner prints lands in its logs, a panic before `open_logs` included.
     let dir = run_dir.to_path_buf();
     let default_hook = std::panic::take_hook();
@@ -133,13 +133,8 @@ fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         for (name, fd) in [("runner.stdout.log", libc::STDOUT_FILENO), ("runner.stderr.log", libc::STDERR_FILENO)] {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(dir.join(name));
-            if let Ok(f) = f {
+            // A FIFO or link a step planted in place of a log is refused without blocking.
+            if let Ok(f) = fsutil::open_append(&dir.join(name)) {
                 // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
                 let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
             }
@@ -618,12 +613,8 @@ impl Runner {
         // A full disk (or fd table) is waited out here rather than failing the
         // step; a stop request is seen once the file exists.
         let (file, err) = fsutil::wait_out_capacity(out, || {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(out)?;
+            // An earlier step may have planted a FIFO here: refused, never waited on.
+            let f = fsutil::open_append(out)?;
             let e = f.try_clone()?;
             Ok((f, e))
         })
