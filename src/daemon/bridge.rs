@@ -536,9 +536,9 @@ impl Bridge {
             providers::failure(
                 &format!("{}-dispatch-abandoned", op.as_str()),
                 format!(
-                    "the servicer of {} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a prompt twice. \
+                    "the servicer of {op} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a {op} twice. \
                      Check the engine for a job of run {run_id} and cancel it if it still runs",
-                    op.as_str()
+                    op = op.as_str()
                 ),
             )
         };
