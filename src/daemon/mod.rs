@@ -174,16 +174,7 @@ impl Daemon {
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
-        let lock_path = layout.daemon_lock();
-        let lock = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))?;
-        let Some(lock) = lock else {
-            let pid = std::fs::read(layout.daemon_json())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v.get("pid").map(|p| p.to_string()))
-                .unwrap_or_else(|| "unknown".into());
-            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
-        };
+        let lock = take_daemon_lock(&layout)?;
         let (tx, rx) = channel();
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
@@ -999,6 +990,55 @@ impl Daemon {
             }
         }
         tracing::info!(running = self.running.len(), queued = self.queued.len(), "runspool daemon stopped");
+    }
+}
+
+/// How long a busy `daemon.lock` whose recorded holder is gone is retried.
+const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
+
+/// Take `daemon.lock` (PROTOCOL §1: one daemon per root). The lock is opened
+/// `O_CLOEXEC`, yet a child forked by a daemon that was just SIGKILLed (a
+/// runner between fork and exec, a provider or hook being spawned) briefly
+/// shares its open file description and with it the lock. So a busy lock is
+/// refused at once only while the daemon named by daemon.json is alive (same
+/// pid and start identity); when that daemon is gone, or daemon.json names no
+/// one yet, it is retried for `LOCK_HOLDER_GONE_WAIT` before refusing.
+fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
+    let lock_path = layout.daemon_lock();
+    let deadline = Instant::now() + LOCK_HOLDER_GONE_WAIT;
+    let mut waited = false;
+    loop {
+        if let Some(lock) = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))? {
+            if waited {
+                tracing::info!(lock = %lock_path.display(), "daemon.lock released by the children of a dead daemon");
+            }
+            return Ok(lock);
+        }
+        let holder = fsutil::read_nofollow(&layout.daemon_json(), 1024 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let alive = pid.is_some_and(|pid| {
+            let pid = pid as u32;
+            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            crate::platform::pid_alive(pid)
+                && match (recorded, crate::platform::start_identity(pid)) {
+                    (Some(r), Some(now)) => r == now,
+                    _ => true,
+                }
+        });
+        if alive || Instant::now() >= deadline {
+            let pid = pid.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into());
+            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
+        }
+        if !waited {
+            tracing::info!(
+                lock = %lock_path.display(),
+                "daemon.lock is busy but the daemon daemon.json names is gone; waiting for its children to exec"
+            );
+            waited = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
