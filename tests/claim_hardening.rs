@@ -88,3 +88,35 @@ fn restart_right_after_sigkill_is_never_refused() {
     let log = fs::read_to_string(&env.log_path).unwrap_or_default();
     assert!(!log.contains("another runspool daemon"), "a restart was refused:\n{}", env.log_tail(40));
 }
+
+/// Set a path's mtime (not following symlinks) to `secs` seconds and `nsec` nanoseconds.
+fn set_mtime(p: &std::path::Path, secs: i64, nsec: i64) {
+    use std::os::unix::ffi::OsStrExt;
+    let ts = [
+        libc::timespec { tv_sec: secs as libc::time_t, tv_nsec: nsec as _ },
+        libc::timespec { tv_sec: secs as libc::time_t, tv_nsec: nsec as _ },
+    ];
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    assert_eq!(r, 0, "utimensat {}: {}", p.display(), std::io::Error::last_os_error());
+}
+
+/// Item 8: an unparsable request whose mtime lies in the future is rejected
+/// (`invalid-json`) 2 s after the daemon first saw it, not reread forever.
+#[test]
+fn unparsable_request_with_a_future_mtime_is_rejected() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let tmp = env.spool().join(".future-tmp");
+    write_file_mode(&tmp, b"{\"version\": 1, \"cwd\": ", 0o600);
+    set_mtime(&tmp, now_ms() / 1000 + 3600, 0);
+    fs::rename(&tmp, env.spool().join("future.json")).unwrap();
+    let p = env.rejected().join("future.error.json");
+    let ok = poll_until(Duration::from_secs(30), || p.exists());
+    assert!(ok, "not rejected after 30 s; spool: {:?}\n{}", env.pending_spool(), env.log_tail(20));
+    let v = read_json(&p).unwrap();
+    assert_eq!(v["code"], "invalid-json", "{v}");
+    // A parsable request still waits for nothing.
+    env.submit(&request(Some("after-future"), &env.work, vec![cmd_step("a", &["true"])]));
+    assert_eq!(env.wait_terminal("after-future")["state"], "complete");
+}

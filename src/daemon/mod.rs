@@ -145,6 +145,7 @@ pub struct Daemon {
     spool_dirty: bool,
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
+    grace: spool::Grace,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
@@ -236,6 +237,7 @@ impl Daemon {
             spool_dirty: true,
             watch_failed: None,
             spool_backlog: Default::default(),
+            grace: Default::default(),
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
@@ -591,7 +593,8 @@ impl Daemon {
         let ctx = Ctx(&ctx_cfg);
         while done < CLAIMS_PER_TURN {
             let Some(name) = self.spool_backlog.pop_front() else { break };
-            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
+            let outcome =
+                Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx, grace: &mut self.grace }.process(&name);
             match outcome {
                 Outcome::Claimed(s) => {
                     done += 1;
@@ -655,6 +658,7 @@ impl Daemon {
         }
         // Oldest first, so claim order follows publication order.
         names.sort();
+        self.grace.retain(&names.iter().map(|(_, n)| n.as_str()).collect());
         self.spool_backlog = names.into_iter().map(|(_, n)| n).collect();
     }
 

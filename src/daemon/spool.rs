@@ -58,6 +58,44 @@ pub struct Claimer<'a> {
     pub layout: &'a Layout,
     pub w: &'a mut Writer,
     pub ctx: &'a dyn Context,
+    pub grace: &'a mut Grace,
+}
+
+/// When the daemon first saw each unparsable entry in its current form
+/// (device, inode, size, mtime). The 2 s grace for writers still at work
+/// runs from the mtime or from that first sighting, whichever is earlier:
+/// an mtime in the future (a clock skew, a `touch -d`) cannot keep an
+/// unparsable file from its rejection, and the daemon never rereads it
+/// twice a second forever.
+#[derive(Default)]
+pub struct Grace {
+    first_seen: std::collections::HashMap<String, (FileId, std::time::Instant)>,
+}
+
+impl Grace {
+    /// Is the entry `name`, now `id`, still within its grace?
+    fn pending(&mut self, name: &str, id: FileId, mtime_ms: i64) -> bool {
+        let now = std::time::Instant::now();
+        let seen = match self.first_seen.get(name) {
+            Some((prev, at)) if *prev == id => *at,
+            _ => {
+                self.first_seen.insert(name.to_string(), (id, now));
+                now
+            }
+        };
+        let by_mtime = crate::now_ms() - mtime_ms < WRITE_GRACE_MS;
+        let by_sighting = now.duration_since(seen) < std::time::Duration::from_millis(WRITE_GRACE_MS as u64);
+        by_mtime && by_sighting
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.first_seen.remove(name);
+    }
+
+    /// Forget entries no longer in the spool (called with each fresh listing).
+    pub fn retain(&mut self, listed: &std::collections::HashSet<&str>) {
+        self.first_seen.retain(|n, _| listed.contains(n.as_str()));
+    }
 }
 
 fn reject_early(code: &'static str, msg: String) -> Result<(), Rejection> {
@@ -178,12 +216,15 @@ impl Claimer<'_> {
             return self.reject_seen(&path, name, r, None, seen);
         }
         let value = match request::parse(&raw) {
-            Ok(v) => v,
+            Ok(v) => {
+                self.grace.forget(name);
+                v
+            }
             Err(r) => {
-                let age = crate::now_ms() - mtime_ms(&fmd);
-                if age < WRITE_GRACE_MS {
+                if self.grace.pending(name, FileId::of(&fmd), mtime_ms(&fmd)) {
                     return Outcome::Later;
                 }
+                self.grace.forget(name);
                 return self.reject_seen(&path, name, r, None, seen);
             }
         };
