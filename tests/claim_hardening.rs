@@ -120,3 +120,46 @@ fn unparsable_request_with_a_future_mtime_is_rejected() {
     env.submit(&request(Some("after-future"), &env.work, vec![cmd_step("a", &["true"])]));
     assert_eq!(env.wait_terminal("after-future")["state"], "complete");
 }
+
+fn count_events(env: &TestEnv, id: &str, kind: &str) -> usize {
+    env.event_types(id).iter().filter(|t| t.as_str() == kind).count()
+}
+
+/// Item 9: a daemon killed between a run's queued status and its queued
+/// event leaves a run without `subagent.run.queued`; the next start writes
+/// it, once, and never a second one for runs that have it.
+#[test]
+fn missing_queued_event_is_written_at_start_and_never_twice() {
+    let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("block"), &env.work, vec![sh_step("b", &gate_wait(&gate))]));
+    env.wait_state("block", "running");
+    for id in ["lost-event", "kept-event"] {
+        env.submit(&request(Some(id), &env.work, vec![cmd_step("q", &["true"])]));
+        env.wait_state(id, "queued");
+    }
+    wait_until(LONG, "queued events and markers written", || {
+        ["lost-event", "kept-event"]
+            .iter()
+            .all(|id| count_events(&env, id, "subagent.run.queued") == 1 && env.active_dir().join(id).exists())
+    });
+    env.kill9();
+    // The state a kill between the status write and the event leaves: the
+    // status, no event, and no active marker (it follows the event).
+    fs::remove_file(env.run_dir("lost-event").join("events.jsonl")).unwrap();
+    fs::remove_file(env.active_dir().join("lost-event")).unwrap();
+    env.start_daemon();
+    open_gate(&gate);
+    for id in ["block", "lost-event", "kept-event"] {
+        assert_eq!(env.wait_terminal(id)["state"], "complete", "{id}");
+    }
+    for id in ["lost-event", "kept-event"] {
+        let types = env.event_types(id);
+        assert_eq!(count_events(&env, id, "subagent.run.queued"), 1, "{id}: exactly one queued event: {types:?}");
+        let q = types.iter().position(|t| t == "subagent.run.queued").unwrap();
+        let s = types.iter().position(|t| t == "subagent.run.started").unwrap();
+        assert!(q < s, "{id}: queued before started: {types:?}");
+    }
+    env.check_consistency();
+}

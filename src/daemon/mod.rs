@@ -338,6 +338,7 @@ impl Daemon {
         };
         match s.state {
             State::Queued => {
+                spool::ensure_queued_event(&mut self.w, &dir, id, s.queue.priority);
                 let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
                 self.hooks.track(&self.cfg.hooks, id);
                 queued.push(s);

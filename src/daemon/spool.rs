@@ -389,9 +389,34 @@ pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> 
     })?
     .expect("status exists after update");
     if s.state.is_active() {
-        run::event(w, &dir, run_id, "subagent.run.queued", json!({"priority": s.queue.priority}));
+        ensure_queued_event(w, &dir, run_id, s.queue.priority);
     }
     Ok(s)
+}
+
+/// Append `subagent.run.queued` unless events.jsonl already has it: the
+/// daemon may have died between the queued status and the event (claim, or
+/// a half-claim finished at start), and the event is written once, never twice.
+pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i64) {
+    match fsutil::read_nofollow(&RunPaths::events(dir), 16 * 1024 * 1024) {
+        Ok(raw) => {
+            let has = raw.split(|b| *b == b'\n').any(|line| {
+                serde_json::from_slice::<Value>(line)
+                    .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("subagent.run.queued"))
+            });
+            if has {
+                return;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            // Not readable (not a regular file, no descriptor to spare): appending
+            // could only duplicate or fail, so the event is left as it is.
+            tracing::warn!(run_id, error = %e, "cannot read events.jsonl to check for the queued event");
+            return;
+        }
+    }
+    run::event(w, dir, run_id, "subagent.run.queued", json!({"priority": priority}));
 }
 
 /// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
