@@ -163,3 +163,119 @@ fn missing_queued_event_is_written_at_start_and_never_twice() {
     }
     env.check_consistency();
 }
+
+/// A valid request and an invalid one (priority out of range, which serde
+/// alone accepts) that creates `marker`, padded to the same length.
+fn valid_and_invalid_pair(env: &TestEnv, id: &str, marker: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
+    let good = request(Some(id), &env.work, vec![cmd_step("g", &["true"])]);
+    let mut bad = request(Some(id), &env.work, vec![cmd_step("b", &["touch", marker.to_str().unwrap()])]);
+    bad["priority"] = json!(5000);
+    let (mut a, mut b) = (serde_json::to_vec(&good).unwrap(), serde_json::to_vec(&bad).unwrap());
+    let n = a.len().max(b.len());
+    a.resize(n, b' ');
+    b.resize(n, b' ');
+    (a, b)
+}
+
+/// Item 4 (G4): a request renamed over a just-published one, with the same
+/// size and the same mtime to the nanosecond, is never run: every run owns
+/// the bytes the claim validated.
+#[test]
+fn replaced_request_with_same_size_and_mtime_is_never_run() {
+    let mut env = TestEnv::with_config("max_running = 8\nretention_days = 30\n[watch]\nrescan_interval_s = 5\n");
+    env.start_daemon();
+    let fds = format!("/proc/{}/fd", env.daemon_pid().unwrap());
+    let marker = env.work.join("replacement-ran");
+    let stamp = now_ms() / 1000 - 10;
+    let n = 100;
+    for i in 0..n {
+        let id = format!("g4-{i}");
+        let (a, b) = valid_and_invalid_pair(&env, &id, &marker);
+        let (ta, tb) = (env.spool().join(format!(".a-{i}")), env.spool().join(format!(".b-{i}")));
+        write_file_mode(&ta, &a, 0o600);
+        write_file_mode(&tb, &b, 0o600);
+        set_mtime(&ta, stamp, 123_456_789);
+        set_mtime(&tb, stamp, 123_456_789);
+        let dst = env.spool().join(format!("{id}.json"));
+        fs::rename(&ta, &dst).unwrap();
+        // Land the replacement while the daemon holds the entry open (it
+        // reads, validates and commits it then): watch its descriptors.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline && dst.exists() {
+            let open = fs::read_dir(&fds)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| fs::read_link(e.path()).is_ok_and(|t| t == dst));
+            if open {
+                break;
+            }
+        }
+        fs::rename(&tb, &dst).unwrap();
+    }
+    wait_until(LONG, "the spool is drained", || env.pending_spool().is_empty());
+    let mut ran = 0;
+    for id in env.run_ids() {
+        let req = read_json(&env.run_dir(&id).join("request.json"));
+        if let Some(req) = req {
+            assert_ne!(req["priority"], 5000, "{id} owns the unvalidated replacement: {req}");
+            ran += 1;
+            let st = env.wait_terminal(&id);
+            assert_eq!(st["state"], "complete", "{id}: {st}");
+        }
+    }
+    assert!(!marker.exists(), "the replacement's command ran");
+    eprintln!("{ran} of {n} runs claimed the validated request; the rest were rejected replacements");
+}
+
+/// Item 4 (G4): the runner validates request.json with the claim's validator
+/// before running anything, and fails the run with a clear error otherwise.
+#[test]
+fn runner_refuses_a_request_that_fails_validation() {
+    let mut env = TestEnv::with_config("max_running = 1\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("block"), &env.work, vec![sh_step("b", &gate_wait(&gate))]));
+    env.wait_state("block", "running");
+    env.submit(&request(Some("swapped"), &env.work, vec![cmd_step("q", &["true"])]));
+    env.wait_state("swapped", "queued");
+    env.kill9();
+    // A request.json changed after its claim: the runner must not trust it.
+    let marker = env.work.join("unvalidated-ran");
+    let (_, bad) = valid_and_invalid_pair(&env, "swapped", &marker);
+    write_file_mode(&env.run_dir("swapped").join("request.json"), &bad, 0o600);
+    env.start_daemon();
+    open_gate(&gate);
+    let st = env.wait_terminal("swapped");
+    assert_eq!(st["state"], "failed", "{st}");
+    let err = st["error"].as_str().unwrap_or("");
+    assert!(err.contains("request.json") && err.contains("priority"), "the error names the file and field: {st}");
+    assert!(!marker.exists(), "the unvalidated request ran");
+    assert!(env.result("swapped").is_some(), "the failure is published");
+    env.check_consistency();
+}
+
+/// Item 4 (G4): recovery of a half-claimed run (request.json, no status)
+/// validates the request; one that fails becomes a rejected run with its code.
+#[test]
+fn half_claimed_request_that_fails_validation_becomes_rejected() {
+    let mut env = TestEnv::new();
+    let marker = env.work.join("half-claim-ran");
+    let (_, bad) = valid_and_invalid_pair(&env, "half-bad", &marker);
+    mkdir_0700(&env.run_dir("half-bad"));
+    write_file_mode(&env.run_dir("half-bad").join("request.json"), &bad, 0o600);
+    // And a good one next to it is still finished and run.
+    let good = serde_json::to_vec(&request(Some("half-good"), &env.work, vec![cmd_step("g", &["true"])])).unwrap();
+    mkdir_0700(&env.run_dir("half-good"));
+    write_file_mode(&env.run_dir("half-good").join("request.json"), &good, 0o600);
+    env.start_daemon();
+    let st = env.wait_terminal("half-bad");
+    assert_eq!(st["state"], "rejected", "{st}");
+    let err = st["error"].as_str().unwrap_or("");
+    assert!(err.starts_with("invalid-field") && err.contains("priority"), "{st}");
+    assert!(env.event_types("half-bad").contains(&"subagent.run.rejected".to_string()));
+    assert_eq!(env.wait_terminal("half-good")["state"], "complete");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!marker.exists(), "the unvalidated request ran");
+    env.check_consistency();
+}

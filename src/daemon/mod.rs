@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::protocol::request::{Context, Request};
+use crate::protocol::request::Context;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
@@ -309,23 +309,7 @@ impl Daemon {
             fsutil::sweep_temps(&dir);
         }
         if spool::is_half_claimed(&dir) {
-            match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, id, &req) {
-                    Ok(s) => {
-                        tracing::info!(run_id = %id, "finished a half-done claim");
-                        self.hooks.track(&self.cfg.hooks, id);
-                        let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
-                        queued.push(s);
-                    }
-                    Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
-                },
-                Err(e) => {
-                    tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
-                }
-            }
+            self.finish_half_claim(id, queued);
             return;
         }
         let s = match run::read_status(&dir) {
@@ -352,6 +336,23 @@ impl Daemon {
                 if let Err(e) = supervisor::ensure_published_status(&mut self.w, &self.layout, &s) {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
+            }
+        }
+    }
+
+    /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
+    fn finish_half_claim(&mut self, id: &str, queued: &mut Vec<Status>) {
+        let ctx_cfg = self.cfg.clone();
+        match spool::finish_half_claim(&mut self.w, &self.layout, id, &Ctx(&ctx_cfg)) {
+            Ok(Some(s)) => {
+                tracing::info!(run_id = %id, "finished a half-done claim");
+                self.hooks.track(&self.cfg.hooks, id);
+                let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                queued.push(s);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim; the next start tries again")
             }
         }
     }
