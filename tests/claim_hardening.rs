@@ -279,3 +279,63 @@ fn half_claimed_request_that_fails_validation_becomes_rejected() {
     assert!(!marker.exists(), "the unvalidated request ran");
     env.check_consistency();
 }
+
+/// Open descriptor numbers of `pid`.
+fn open_fds(pid: i64) -> Vec<i64> {
+    let mut v: Vec<i64> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Set the soft RLIMIT_NOFILE of `pid` (the hard one stays); returns the old soft limit.
+fn set_nofile(pid: i64, soft: libc::rlim_t) -> libc::rlim_t {
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    assert_eq!(unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) }, 0);
+    let new = libc::rlimit { rlim_cur: soft, rlim_max: old.rlim_max };
+    let r = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old.rlim_cur
+}
+
+/// Item 3: a capacity error (here EMFILE, from a real RLIMIT_NOFILE on the
+/// daemon) after the commit rename never strands the claimed run: the daemon
+/// remembers its run directory and finishes it (queued status, queued event,
+/// active marker) once descriptors are back.
+#[test]
+fn emfile_after_the_commit_never_strands_the_run() {
+    let mut env = TestEnv::with_config("max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 3600\n");
+    env.start_daemon();
+    let pid = env.daemon_pid().unwrap();
+    env.submit(&request(Some("warm-up"), &env.work, vec![cmd_step("w", &["true"])]));
+    assert_eq!(env.wait_terminal("warm-up")["state"], "complete");
+    std::thread::sleep(Duration::from_millis(1500));
+    // Exactly one free descriptor number below the limit: the claim's open of
+    // the spool entry (held until after the commit) takes it, the status
+    // lock takes it again after, and reading the status meets EMFILE.
+    let fds = open_fds(pid);
+    let first_hole = (0..).find(|n| !fds.contains(n)).unwrap();
+    let old = set_nofile(pid, first_hole as libc::rlim_t + 1);
+    env.submit(&request(Some("after-commit"), &env.work, vec![cmd_step("a", &["true"])]));
+    let dir = env.run_dir("after-commit");
+    wait_until(LONG, "the commit rename", || dir.join("request.json").exists());
+    std::thread::sleep(Duration::from_millis(1500));
+    let faulted = !dir.join("status.json").exists();
+    set_nofile(pid, old);
+    assert!(
+        faulted,
+        "the status was written despite the limit: the fault missed the post-commit window\n{}",
+        env.log_tail(30)
+    );
+    let st = env.wait_terminal("after-commit");
+    assert_eq!(st["state"], "complete", "{st}");
+    let types = env.event_types("after-commit");
+    assert_eq!(types.iter().filter(|t| *t == "subagent.run.queued").count(), 1, "{types:?}");
+    // Claiming resumed.
+    env.submit(&request(Some("after-recovery"), &env.work, vec![cmd_step("a", &["true"])]));
+    assert_eq!(env.wait_terminal("after-recovery")["state"], "complete");
+    env.check_consistency();
+}

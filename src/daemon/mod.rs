@@ -146,6 +146,10 @@ pub struct Daemon {
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
     grace: spool::Grace,
+    /// Committed claims whose queued status could not be written yet, by run
+    /// id (their spool names are gone), retried every `unfinished_retry_at`.
+    unfinished_claims: Vec<String>,
+    unfinished_retry_at: Instant,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
@@ -238,6 +242,8 @@ impl Daemon {
             watch_failed: None,
             spool_backlog: Default::default(),
             grace: Default::default(),
+            unfinished_claims: Vec::new(),
+            unfinished_retry_at: Instant::now(),
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
@@ -341,6 +347,7 @@ impl Daemon {
     }
 
     /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
+    /// one that meets a capacity error is remembered and retried every turn.
     fn finish_half_claim(&mut self, id: &str, queued: &mut Vec<Status>) {
         let ctx_cfg = self.cfg.clone();
         match spool::finish_half_claim(&mut self.w, &self.layout, id, &Ctx(&ctx_cfg)) {
@@ -351,9 +358,37 @@ impl Daemon {
                 queued.push(s);
             }
             Ok(None) => {}
+            Err(e) if is_capacity(&e) => {
+                tracing::warn!(run_id = %id, error = %e, "cannot finish a half-done claim now; retrying every second");
+                self.w.capacity_error(&self.layout.run_dir(id), &e);
+                self.remember_unfinished(id.to_string());
+            }
             Err(e) => {
                 tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim; the next start tries again")
             }
+        }
+    }
+
+    fn remember_unfinished(&mut self, id: String) {
+        if !self.unfinished_claims.contains(&id) {
+            self.unfinished_claims.push(id);
+        }
+        self.unfinished_retry_at = Instant::now() + Duration::from_secs(1);
+    }
+
+    /// Retry the claims whose post-commit work (queued status, queued event,
+    /// active marker) met an error (PROTOCOL §2.3, §11: capacity errors never
+    /// strand work). Claiming stays paused until every one is finished.
+    fn retry_unfinished_claims(&mut self) {
+        let mut queued = Vec::new();
+        for id in std::mem::take(&mut self.unfinished_claims) {
+            self.recover_run(&id, &mut queued);
+        }
+        self.adopt_queued(queued);
+        if self.unfinished_claims.is_empty() {
+            tracing::info!("every claim cut short after its commit is finished: claiming resumes");
+            self.w.outside_ok();
+            self.spool_dirty = true;
         }
     }
 
@@ -436,6 +471,9 @@ impl Daemon {
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
         }
+        if !self.unfinished_claims.is_empty() {
+            t = t.min(self.unfinished_retry_at);
+        }
         if !self.polled_inboxes.is_empty() {
             t = t.min(self.next_inbox_poll);
         }
@@ -500,6 +538,9 @@ impl Daemon {
         if now >= self.next_retention {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
+        }
+        if !self.unfinished_claims.is_empty() && now >= self.unfinished_retry_at {
+            self.retry_unfinished_claims();
         }
         if self.spool_retry_at.is_some_and(|t| now >= t) {
             self.spool_dirty = true;
@@ -572,7 +613,7 @@ impl Daemon {
             _ => {}
         }
         self.low_space = low;
-        self.low_space.is_none() && self.w.is_idle()
+        self.low_space.is_none() && self.w.is_idle() && self.unfinished_claims.is_empty()
     }
 
     /// Claim from the spool. One listing (sorted oldest first) feeds a
@@ -611,6 +652,19 @@ impl Daemon {
                 }
                 Outcome::Rejected => done += 1,
                 Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
+                Outcome::Unfinished { run_id, error } => {
+                    tracing::warn!(
+                        run_id = %run_id, request = %name, error = %error,
+                        "claimed, but the queued status could not be written: finishing the run by its directory, claiming paused meanwhile"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&self.layout.run_dir(&run_id), &error);
+                        capacity = true;
+                    }
+                    self.remember_unfinished(run_id);
+                    later = true;
+                    break;
+                }
                 Outcome::Capacity(e) => {
                     tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
                     self.w.capacity_error(&self.layout.spool().join(&name), &e);
@@ -621,7 +675,7 @@ impl Daemon {
                 }
             }
         }
-        if !capacity {
+        if !capacity && self.unfinished_claims.is_empty() {
             self.w.outside_ok();
         }
         if !self.spool_backlog.is_empty() && self.w.is_idle() {

@@ -52,6 +52,13 @@ pub enum Outcome {
     Later,
     /// A capacity error: stop claiming until storage recovers.
     Capacity(io::Error),
+    /// Committed (the run directory owns the request) but its queued status
+    /// could not be written: the caller finishes the run by its directory
+    /// (`finish_half_claim`), never by the spool name, which is gone.
+    Unfinished {
+        run_id: String,
+        error: io::Error,
+    },
 }
 
 pub struct Claimer<'a> {
@@ -326,11 +333,7 @@ impl Claimer<'_> {
         tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
         match finish_claim(self.w, self.layout, &run_id, &req) {
             Ok(s) => Outcome::Claimed(Box::new(s)),
-            Err(e) if is_capacity(&e) => Outcome::Capacity(e),
-            Err(e) => {
-                tracing::error!(run_id = %run_id, error = %e, "claimed but could not write the queued status; the next start finishes it");
-                Outcome::Later
-            }
+            Err(error) => Outcome::Unfinished { run_id, error },
         }
     }
 
