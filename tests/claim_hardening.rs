@@ -339,3 +339,143 @@ fn emfile_after_the_commit_never_strands_the_run() {
     assert_eq!(env.wait_terminal("after-recovery")["state"], "complete");
     env.check_consistency();
 }
+
+/// Item 5: `runspool-runner` removed after the daemon started: runs fall back
+/// to `runspool runner`, and with the daemon's own binary gone too, to the
+/// running daemon's image; never "runner process 0 exited".
+#[cfg(target_os = "linux")]
+#[test]
+fn missing_runner_binary_falls_back_to_the_daemons_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = "tr '\\0' ' ' < /proc/$PPID/cmdline";
+    let mut env = TestEnv::new();
+    let pair = env.base().join("pair");
+    fs::create_dir_all(&pair).unwrap();
+    let (bin, runner) = (pair.join("runspool"), pair.join("runspool-runner"));
+    fs::copy(BIN, &bin).unwrap();
+    fs::copy(std::path::Path::new(BIN).with_file_name("runspool-runner"), &runner).unwrap();
+    for p in [&bin, &runner] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let cmd = env.daemon_command_for(&bin, &env.root);
+    env.start_daemon_command(cmd);
+    env.submit(&request(Some("sibling"), &env.work, vec![sh_step("p", parent)]));
+    assert_eq!(env.wait_terminal("sibling")["state"], "complete");
+    assert!(env.output_log("sibling", 0).contains("pair/runspool-runner "));
+
+    fs::remove_file(&runner).unwrap();
+    env.submit(&request(Some("no-sibling"), &env.work, vec![sh_step("p", parent)]));
+    let st = env.wait_terminal("no-sibling");
+    assert_eq!(st["state"], "complete", "{st}\n{}", env.log_tail(20));
+    let out = env.output_log("no-sibling", 0);
+    assert!(out.contains("runner ") && out.contains("no-sibling"), "parent of the step: {out}");
+
+    fs::remove_file(&bin).unwrap();
+    env.submit(&request(Some("no-binary"), &env.work, vec![cmd_step("t", &["true"])]));
+    let st = env.wait_terminal("no-binary");
+    assert_eq!(st["state"], "complete", "{st}\n{}", env.log_tail(20));
+    env.check_consistency();
+}
+
+/// The second-user tests' unprivileged user (scripts/ci-user.sh), created on first use.
+fn test_user() -> (u32, u32) {
+    let name = std::env::var("RUNSPOOL_TEST_USER").unwrap_or_else(|_| "runspool-ci".into());
+    let lookup = |flag: &str| -> Option<u32> {
+        let o = std::process::Command::new("id").arg(flag).arg(&name).output().ok()?;
+        String::from_utf8_lossy(&o.stdout).trim().parse().ok().filter(|_| o.status.success())
+    };
+    if lookup("-u").is_none() {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ci-user.sh");
+        let o = std::process::Command::new("bash").arg(&script).output().expect("run scripts/ci-user.sh");
+        assert!(o.status.success(), "scripts/ci-user.sh failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    (lookup("-u").expect("test user uid"), lookup("-g").expect("test user gid"))
+}
+
+/// The soft RLIMIT_NPROC of `pid`, from /proc (readable without CAP_SYS_RESOURCE).
+fn soft_nproc(pid: i64) -> libc::rlim_t {
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max processes")).unwrap();
+    match line.split_whitespace().nth(2).unwrap() {
+        "unlimited" => libc::RLIM_INFINITY,
+        n => n.parse().unwrap(),
+    }
+}
+
+/// Set the soft RLIMIT_NPROC of `pid` from a child running as its owner:
+/// prlimit(2) on another uid's process needs CAP_SYS_RESOURCE, which root
+/// may lack in a container.
+fn set_nproc_as(uid: u32, gid: u32, pid: i64, soft: libc::rlim_t) {
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        // Only async-signal-safe calls between fork and _exit.
+        unsafe {
+            let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let ok = libc::setgid(gid) == 0
+                && libc::setuid(uid) == 0
+                && libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NPROC, std::ptr::null(), &mut cur) == 0
+                && {
+                    let new = libc::rlimit { rlim_cur: soft.min(cur.rlim_max), rlim_max: cur.rlim_max };
+                    libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NPROC, &new, std::ptr::null_mut()) == 0
+                };
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "prlimit as uid {uid} failed");
+}
+
+/// Item 5: a runner start that fails with EAGAIN (RLIMIT_NPROC, which binds
+/// only a non-root daemon) keeps the run queued, names the errno and the
+/// runner in the log, and is retried until it succeeds.
+#[cfg(target_os = "linux")]
+#[test]
+fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        report("eagain_on_runner_start_keeps_the_run_queued_and_retries: skipped: needs root (RLIMIT_NPROC binds only a non-root daemon, started as the second test user)");
+        return;
+    }
+    let (uid, gid) = test_user();
+    let mut env = TestEnv::new();
+    let bin = env.base().join("runspool");
+    fs::copy(BIN, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::lchown(env.base(), Some(uid), Some(gid)).unwrap();
+    for p in walk_all(&env.base()) {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).unwrap();
+    }
+    let mut cmd = env.daemon_command_for(&bin, &env.root);
+    cmd.uid(uid).gid(gid).env("HOME", env.base()).current_dir(env.base());
+    env.start_daemon_command(cmd);
+    let pid = env.daemon_pid().unwrap();
+    let old = soft_nproc(pid);
+    set_nproc_as(uid, gid, pid, 1);
+    let tmp = env.spool().join(".nproc");
+    write_file_mode(
+        &tmp,
+        &serde_json::to_vec(&request(Some("nproc"), &env.work, vec![cmd_step("t", &["true"])])).unwrap(),
+        0o600,
+    );
+    std::os::unix::fs::lchown(&tmp, Some(uid), Some(gid)).unwrap();
+    fs::rename(&tmp, env.spool().join("nproc.json")).unwrap();
+    wait_until(LONG, "a failed start", || {
+        fs::read_to_string(&env.log_path).unwrap_or_default().contains("os error 11")
+            || env.state("nproc").is_some_and(|s| is_terminal_state(&s))
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = env.status("nproc").unwrap();
+    let log = fs::read_to_string(&env.log_path).unwrap_or_default();
+    set_nproc_as(uid, gid, pid, old);
+    assert_eq!(st["state"], "queued", "a transient start failure keeps the run queued: {st}");
+    let line = log.lines().find(|l| l.contains("os error 11")).unwrap();
+    assert!(
+        line.contains("EAGAIN") && line.contains(&bin.display().to_string()),
+        "the log names errno and runner: {line}"
+    );
+    let st = env.wait_terminal("nproc");
+    assert_eq!(st["state"], "complete", "{st}");
+}

@@ -39,6 +39,10 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 const CLAIMS_PER_TURN: usize = 256;
 /// Run directories checked per loop turn after start-up (`recover_slice`).
 const RECOVER_PER_TURN: usize = 1000;
+/// The first and the longest delay before retrying a runner start that
+/// failed for a transient reason (EAGAIN, ENOMEM, ...).
+const SPAWN_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often the control inboxes of recently queued runs are looked at, and
 /// how long a run stays queued before its inbox is watched instead (see
 /// `poll_queued_inboxes`).
@@ -146,6 +150,10 @@ pub struct Daemon {
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
     grace: spool::Grace,
+    /// After a transient runner start failure: no start before this, and the
+    /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
+    spawn_retry_at: Option<Instant>,
+    spawn_backoff: Option<Duration>,
     /// Committed claims whose queued status could not be written yet, by run
     /// id (their spool names are gone), retried every `unfinished_retry_at`.
     unfinished_claims: Vec<String>,
@@ -242,6 +250,8 @@ impl Daemon {
             watch_failed: None,
             spool_backlog: Default::default(),
             grace: Default::default(),
+            spawn_retry_at: None,
+            spawn_backoff: None,
             unfinished_claims: Vec::new(),
             unfinished_retry_at: Instant::now(),
             spool_retry_at: None,
@@ -473,6 +483,9 @@ impl Daemon {
         }
         if !self.unfinished_claims.is_empty() {
             t = t.min(self.unfinished_retry_at);
+        }
+        if let Some(r) = self.spawn_retry_at.filter(|_| !self.queue.is_empty()) {
+            t = t.min(r);
         }
         if !self.polled_inboxes.is_empty() {
             t = t.min(self.next_inbox_poll);
@@ -853,6 +866,10 @@ impl Daemon {
         if !self.w.is_idle() {
             return;
         }
+        if self.spawn_retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.spawn_retry_at = None;
         while self.running.len() < self.cfg.max_running {
             let Some(q) = self.queue.pop() else { break };
             if !self.queued.remove(&q.run_id) {
@@ -860,26 +877,54 @@ impl Daemon {
             }
             self.watch.unwatch_control(&q.run_id);
             let dir = self.layout.run_dir(&q.run_id);
-            match supervisor::spawn_runner(&self.runner, &dir) {
+            match self.runner.start(&dir) {
                 Ok(child) => {
                     self.w.outside_ok();
+                    self.spawn_backoff = None;
                     tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }
-                Err(e) if is_capacity(&e) => {
-                    tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
-                    self.w.capacity_error(&dir, &e);
+                Err(supervisor::SpawnError::Transient { error, message }) => {
+                    // EAGAIN (RLIMIT_NPROC), ENOMEM, a full descriptor table: the run
+                    // stays queued and the start is retried with a growing delay.
+                    let delay = self.spawn_backoff.map_or(SPAWN_RETRY_FIRST, |d| (d * 2).min(SPAWN_RETRY_MAX));
+                    self.spawn_backoff = Some(delay);
+                    self.spawn_retry_at = Some(Instant::now() + delay);
+                    tracing::warn!(
+                        run_id = %q.run_id, runner = %self.runner.describe(), retry_in_ms = delay.as_millis() as u64,
+                        "{message}; the run stays queued and the start is retried"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&dir, &error);
+                    }
                     self.queued.insert(q.run_id.clone());
                     self.poll_inbox(&q.run_id);
                     self.queue.push(q);
                     break;
                 }
-                Err(e) => {
-                    tracing::error!(run_id = %q.run_id, error = %e, "cannot start a runner");
-                    // Leaves the run queued with no runner: the repair path records why.
-                    self.running.insert(q.run_id.clone(), Slot { child: None });
+                Err(supervisor::SpawnError::Permanent { message }) => {
+                    tracing::error!(run_id = %q.run_id, runner = %self.runner.describe(), "{message}; the run fails");
+                    self.fail_unstartable(&q.run_id, &message);
                 }
             }
+        }
+    }
+
+    /// A queued run whose runner cannot be started ends `failed` with the
+    /// reason, which names the errno and the runner program.
+    fn fail_unstartable(&mut self, run_id: &str, message: &str) {
+        let dir = self.layout.run_dir(run_id);
+        match supervisor::take_runner_lock(&dir) {
+            Ok(Some(_lock)) => match supervisor::fail_unstartable(&mut self.w, &self.layout, run_id, message) {
+                Ok(true) => self.hooks.ended(run_id),
+                Ok(false) => {}
+                Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+            },
+            // Some runner holds it after all: the check of running runs watches it.
+            Ok(None) => {
+                self.running.insert(run_id.to_string(), Slot { child: None });
+            }
+            Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
         }
     }
 
