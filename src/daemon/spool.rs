@@ -443,27 +443,44 @@ pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Con
 
 /// Append `subagent.run.queued` unless events.jsonl already has it: the
 /// daemon may have died between the queued status and the event (claim, or
-/// a half-claim finished at start), and the event is written once, never twice.
+/// a half-claim finished at start), and the event is written once, never
+/// twice. Unlike other events it is not dropped on a capacity error: it
+/// waits in the writer, like the status it follows.
 pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i64) {
-    match fsutil::read_nofollow(&RunPaths::events(dir), 16 * 1024 * 1024) {
-        Ok(raw) => {
-            let has = raw.split(|b| *b == b'\n').any(|line| {
-                serde_json::from_slice::<Value>(line)
-                    .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("subagent.run.queued"))
-            });
-            if has {
-                return;
+    let (dir, id) = (dir.to_path_buf(), run_id.to_string());
+    let op = move || -> io::Result<()> {
+        let path = RunPaths::events(&dir);
+        match fsutil::read_nofollow(&path, 16 * 1024 * 1024) {
+            Ok(raw) => {
+                let has = raw.split(|b| *b == b'\n').any(|line| {
+                    serde_json::from_slice::<Value>(line)
+                        .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("subagent.run.queued"))
+                });
+                if has {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if is_capacity(&e) => return Err(e),
+            Err(e) => {
+                // Not a readable regular file: appending could only duplicate or fail.
+                tracing::warn!(run_id = %id, error = %e, "cannot read {} to check for the queued event", path.display());
+                return Ok(());
             }
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => {
-            // Not readable (not a regular file, no descriptor to spare): appending
-            // could only duplicate or fail, so the event is left as it is.
-            tracing::warn!(run_id, error = %e, "cannot read events.jsonl to check for the queued event");
-            return;
+        let ev = json!({"type": "subagent.run.queued", "ts": crate::now_ms(), "runId": id, "priority": priority});
+        match fsutil::append_line(&path, &serde_json::to_vec(&ev).unwrap_or_default()) {
+            Err(e) if is_capacity(&e) => Err(e),
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "could not append the queued event to {}", path.display());
+                Ok(())
+            }
+            Ok(()) => Ok(()),
         }
+    };
+    if let Err(e) = w.then(format!("queued event {run_id}"), Box::new(op)) {
+        tracing::warn!(run_id, error = %e, "could not write the queued event");
     }
-    run::event(w, dir, run_id, "subagent.run.queued", json!({"priority": priority}));
 }
 
 /// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
