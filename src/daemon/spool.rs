@@ -450,7 +450,8 @@ pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i
     let (dir, id) = (dir.to_path_buf(), run_id.to_string());
     let op = move || -> io::Result<()> {
         let path = RunPaths::events(&dir);
-        match fsutil::read_nofollow(&path, 16 * 1024 * 1024) {
+        // A queued run's events are a line or two: the first MiB holds the queued one if any.
+        match fsutil::read_nofollow(&path, 1024 * 1024) {
             Ok(raw) => {
                 let has = raw.split(|b| *b == b'\n').any(|line| {
                     serde_json::from_slice::<Value>(line)
