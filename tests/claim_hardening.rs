@@ -479,3 +479,26 @@ fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
     let st = env.wait_terminal("nproc");
     assert_eq!(st["state"], "complete", "{st}");
 }
+
+/// Item 3: the spool cannot even be listed (EMFILE, no descriptor free): the
+/// listing is retried, so the request is claimed once descriptors are back,
+/// without waiting for another file event or the periodic rescan.
+#[test]
+fn emfile_while_listing_the_spool_is_retried() {
+    let mut env = TestEnv::with_config("max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 3600\n");
+    env.start_daemon();
+    let pid = env.daemon_pid().unwrap();
+    env.submit(&request(Some("warm-up"), &env.work, vec![cmd_step("w", &["true"])]));
+    assert_eq!(env.wait_terminal("warm-up")["state"], "complete");
+    std::thread::sleep(Duration::from_millis(1500));
+    let fds = open_fds(pid);
+    let first_hole = (0..).find(|n| !fds.contains(n)).unwrap();
+    let old = set_nofile(pid, first_hole as libc::rlim_t);
+    env.submit(&request(Some("unlisted"), &env.work, vec![cmd_step("a", &["true"])]));
+    std::thread::sleep(Duration::from_millis(1500));
+    let claimed = env.run_dir("unlisted").exists();
+    set_nofile(pid, old);
+    assert!(!claimed, "claimed without a free descriptor: the fault missed\n{}", env.log_tail(20));
+    let st = env.wait_terminal_for("unlisted", Duration::from_secs(60));
+    assert_eq!(st["state"], "complete", "{st}");
+}

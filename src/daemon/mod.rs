@@ -158,6 +158,8 @@ pub struct Daemon {
     /// id (their spool names are gone), retried every `unfinished_retry_at`.
     unfinished_claims: Vec<String>,
     unfinished_retry_at: Instant,
+    /// The start-up listing of run directories failed: retry it at this time.
+    recovery_unlisted: Option<Instant>,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
@@ -254,6 +256,7 @@ impl Daemon {
             spawn_backoff: None,
             unfinished_claims: Vec::new(),
             unfinished_retry_at: Instant::now(),
+            recovery_unlisted: None,
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
@@ -296,8 +299,29 @@ impl Daemon {
             self.recover_run(&id, &mut queued);
         }
         self.adopt_queued(queued);
-        self.recovery_backlog = run_names(&self.layout.runs(), true);
+        self.list_recovery_backlog();
         self.check_running();
+    }
+
+    /// The run directories for `recover_slice`. A listing that fails (EMFILE
+    /// at start-up) is retried every second: a half-claimed run must not wait
+    /// for the next daemon start.
+    fn list_recovery_backlog(&mut self) {
+        match try_run_names(&self.layout.runs(), true) {
+            Ok(names) => {
+                self.recovery_backlog = names;
+                if self.recovery_unlisted.take().is_some() {
+                    self.w.outside_ok();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(runs = %self.layout.runs().display(), error = %e, "cannot list the run directories; retrying every second");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.runs(), &e);
+                }
+                self.recovery_unlisted = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
     }
 
     /// Check the next slice of run directories left by `recover`.
@@ -331,6 +355,13 @@ impl Daemon {
         let s = match run::read_status(&dir) {
             Ok(Some(s)) => s,
             Ok(None) => return,
+            Err(e) if is_capacity(&e) => {
+                // No descriptor or space to read it now: look again, never forget the run.
+                tracing::warn!(run_id = %id, error = %e, "cannot read status.json now; retrying every second");
+                self.w.capacity_error(&dir, &e);
+                self.remember_unfinished(id.to_string());
+                return;
+            }
             Err(e) => {
                 tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
                 return;
@@ -484,6 +515,9 @@ impl Daemon {
         if !self.unfinished_claims.is_empty() {
             t = t.min(self.unfinished_retry_at);
         }
+        if let Some(r) = self.recovery_unlisted {
+            t = t.min(r);
+        }
         if let Some(r) = self.spawn_retry_at.filter(|_| !self.queue.is_empty()) {
             t = t.min(r);
         }
@@ -538,6 +572,9 @@ impl Daemon {
         let now = Instant::now();
         if !self.w.is_idle() {
             self.w.flush();
+        }
+        if self.recovery_unlisted.is_some_and(|t| now >= t) {
+            self.list_recovery_backlog();
         }
         if !self.recovery_backlog.is_empty() {
             self.recover_slice();
@@ -639,8 +676,8 @@ impl Daemon {
             return;
         }
         let fresh = self.spool_backlog.is_empty();
-        if fresh {
-            self.list_spool();
+        if fresh && !self.list_spool() {
+            return; // retried at spool_retry_at
         }
         let mut later = false;
         let mut capacity = false;
@@ -702,8 +739,20 @@ impl Daemon {
         }
     }
 
-    fn list_spool(&mut self) {
-        let Ok(rd) = std::fs::read_dir(self.layout.spool()) else { return };
+    /// List the spool into the backlog; false when it cannot be listed now.
+    fn list_spool(&mut self) -> bool {
+        let rd = match std::fs::read_dir(self.layout.spool()) {
+            Ok(rd) => rd,
+            Err(e) => {
+                // Capacity (EMFILE) or a spool being replaced: list again shortly.
+                tracing::warn!(spool = %self.layout.spool().display(), error = %e, "cannot list the spool; retrying");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.spool(), &e);
+                }
+                self.spool_retry_at = Some(Instant::now() + Duration::from_secs(1));
+                return false;
+            }
+        };
         let mut names: Vec<(i64, String)> = Vec::new();
         for e in rd.flatten() {
             let Ok(name) = e.file_name().into_string() else {
@@ -729,6 +778,7 @@ impl Daemon {
         names.sort();
         self.grace.retain(&names.iter().map(|(_, n)| n.as_str()).collect());
         self.spool_backlog = names.into_iter().map(|(_, n)| n).collect();
+        true
     }
 
     /// Act on the control inbox of a run that is still queued: it never starts
@@ -1150,12 +1200,16 @@ fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
 /// Run ids named by the entries of `dir`: its run directories (`dirs`) or its
 /// marker files, dot names (temps, the indexes) left out.
 fn run_names(dir: &Path, dirs: bool) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    rd.flatten()
+    try_run_names(dir, dirs).unwrap_or_default()
+}
+
+fn try_run_names(dir: &Path, dirs: bool) -> std::io::Result<Vec<String>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| if dirs { t.is_dir() } else { t.is_file() }))
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|id| !id.starts_with('.'))
-        .collect()
+        .collect())
 }
 
 /// Append a remark to the `log.level` item of a reload report.
