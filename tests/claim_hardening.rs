@@ -313,23 +313,31 @@ fn emfile_after_the_commit_never_strands_the_run() {
     env.submit(&request(Some("warm-up"), &env.work, vec![cmd_step("w", &["true"])]));
     assert_eq!(env.wait_terminal("warm-up")["state"], "complete");
     std::thread::sleep(Duration::from_millis(1500));
-    // Exactly one free descriptor number below the limit: the claim's open of
-    // the spool entry (held until after the commit) takes it, the status
-    // lock takes it again after, and reading the status meets EMFILE.
+    // As few free descriptors as let the claim reach its commit: the claim's
+    // open of the spool entry is dropped right after the commit, and the
+    // status lock plus the status read after it need one more than that.
+    // Raised one at a time until the commit happens; the entry waits in the
+    // spool (a capacity error before the commit) while the limit is too low.
     let fds = open_fds(pid);
-    let first_hole = (0..).find(|n| !fds.contains(n)).unwrap();
-    let old = set_nofile(pid, first_hole as libc::rlim_t + 1);
+    let first_hole = (0..).find(|n| !fds.contains(n)).unwrap() as libc::rlim_t;
+    let mut free = 1;
+    let old = set_nofile(pid, first_hole + free);
     env.submit(&request(Some("after-commit"), &env.work, vec![cmd_step("a", &["true"])]));
     let dir = env.run_dir("after-commit");
-    wait_until(LONG, "the commit rename", || dir.join("request.json").exists());
-    std::thread::sleep(Duration::from_millis(1500));
-    let faulted = !dir.join("status.json").exists();
+    let faulted = loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        if dir.join("request.json").exists() {
+            std::thread::sleep(Duration::from_millis(1000));
+            break !dir.join("status.json").exists();
+        }
+        free += 1;
+        if free > 8 {
+            break false;
+        }
+        set_nofile(pid, first_hole + free);
+    };
     set_nofile(pid, old);
-    assert!(
-        faulted,
-        "the status was written despite the limit: the fault missed the post-commit window\n{}",
-        env.log_tail(30)
-    );
+    assert!(faulted, "no limit ({free} free descriptors) made the post-commit work fail alone\n{}", env.log_tail(30));
     let st = env.wait_terminal("after-commit");
     assert_eq!(st["state"], "complete", "{st}");
     let types = env.event_types("after-commit");
