@@ -180,6 +180,7 @@ fn valid_and_invalid_pair(env: &TestEnv, id: &str, marker: &std::path::Path) -> 
 /// Item 4 (G4): a request renamed over a just-published one, with the same
 /// size and the same mtime to the nanosecond, is never run: every run owns
 /// the bytes the claim validated.
+#[cfg(target_os = "linux")]
 #[test]
 fn replaced_request_with_same_size_and_mtime_is_never_run() {
     let mut env = TestEnv::with_config("max_running = 8\nretention_days = 30\n[watch]\nrescan_interval_s = 5\n");
@@ -281,6 +282,7 @@ fn half_claimed_request_that_fails_validation_becomes_rejected() {
 }
 
 /// Open descriptor numbers of `pid`.
+#[cfg(target_os = "linux")]
 fn open_fds(pid: i64) -> Vec<i64> {
     let mut v: Vec<i64> = fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -292,6 +294,7 @@ fn open_fds(pid: i64) -> Vec<i64> {
 }
 
 /// Set the soft RLIMIT_NOFILE of `pid` (the hard one stays); returns the old soft limit.
+#[cfg(target_os = "linux")]
 fn set_nofile(pid: i64, soft: libc::rlim_t) -> libc::rlim_t {
     let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     assert_eq!(unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) }, 0);
@@ -305,6 +308,7 @@ fn set_nofile(pid: i64, soft: libc::rlim_t) -> libc::rlim_t {
 /// daemon) after the commit rename never strands the claimed run: the daemon
 /// remembers its run directory and finishes it (queued status, queued event,
 /// active marker) once descriptors are back.
+#[cfg(target_os = "linux")]
 #[test]
 fn emfile_after_the_commit_never_strands_the_run() {
     let mut env = TestEnv::with_config("max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 3600\n");
@@ -386,6 +390,7 @@ fn missing_runner_binary_falls_back_to_the_daemons_own() {
 }
 
 /// The second-user tests' unprivileged user (scripts/ci-user.sh), created on first use.
+#[cfg(target_os = "linux")]
 fn test_user() -> (u32, u32) {
     let name = std::env::var("RUNSPOOL_TEST_USER").unwrap_or_else(|_| "runspool-ci".into());
     let lookup = |flag: &str| -> Option<u32> {
@@ -401,6 +406,7 @@ fn test_user() -> (u32, u32) {
 }
 
 /// The soft RLIMIT_NPROC of `pid`, from /proc (readable without CAP_SYS_RESOURCE).
+#[cfg(target_os = "linux")]
 fn soft_nproc(pid: i64) -> libc::rlim_t {
     let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let line = limits.lines().find(|l| l.starts_with("Max processes")).unwrap();
@@ -413,6 +419,7 @@ fn soft_nproc(pid: i64) -> libc::rlim_t {
 /// Set the soft RLIMIT_NPROC of `pid` from a child running as its owner:
 /// prlimit(2) on another uid's process needs CAP_SYS_RESOURCE, which root
 /// may lack in a container.
+#[cfg(target_os = "linux")]
 fn set_nproc_as(uid: u32, gid: u32, pid: i64, soft: libc::rlim_t) {
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
@@ -491,6 +498,7 @@ fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
 /// Item 3: the spool cannot even be listed (EMFILE, no descriptor free): the
 /// listing is retried, so the request is claimed once descriptors are back,
 /// without waiting for another file event or the periodic rescan.
+#[cfg(target_os = "linux")]
 #[test]
 fn emfile_while_listing_the_spool_is_retried() {
     let mut env = TestEnv::with_config("max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 3600\n");
