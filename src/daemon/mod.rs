@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::protocol::request::{Context, Request};
+use crate::protocol::request::Context;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
@@ -40,6 +40,10 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 const CLAIMS_PER_TURN: usize = 256;
 /// Run directories checked per loop turn after start-up (`recover_slice`).
 const RECOVER_PER_TURN: usize = 1000;
+/// The first and the longest delay before retrying a runner start that
+/// failed for a transient reason (EAGAIN, ENOMEM, ...).
+const SPAWN_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often the control inboxes of recently queued runs are looked at, and
 /// how long a run stays queued before its inbox is watched instead (see
 /// `poll_queued_inboxes`).
@@ -154,6 +158,17 @@ pub struct Daemon {
     spool_dirty: bool,
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
+    grace: spool::Grace,
+    /// After a transient runner start failure: no start before this, and the
+    /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
+    spawn_retry_at: Option<Instant>,
+    spawn_backoff: Option<Duration>,
+    /// Committed claims whose queued status could not be written yet, by run
+    /// id (their spool names are gone), retried every `unfinished_retry_at`.
+    unfinished_claims: Vec<String>,
+    unfinished_retry_at: Instant,
+    /// The start-up listing of run directories failed: retry it at this time.
+    recovery_unlisted: Option<Instant>,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
@@ -186,16 +201,7 @@ impl Daemon {
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
-        let lock_path = layout.daemon_lock();
-        let lock = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))?;
-        let Some(lock) = lock else {
-            let pid = std::fs::read(layout.daemon_json())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v.get("pid").map(|p| p.to_string()))
-                .unwrap_or_else(|| "unknown".into());
-            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
-        };
+        let lock = take_daemon_lock(&layout)?;
         let (tx, rx) = channel();
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
@@ -260,6 +266,12 @@ impl Daemon {
             spool_dirty: true,
             watch_failed: None,
             spool_backlog: Default::default(),
+            grace: Default::default(),
+            spawn_retry_at: None,
+            spawn_backoff: None,
+            unfinished_claims: Vec::new(),
+            unfinished_retry_at: Instant::now(),
+            recovery_unlisted: None,
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
             low_space: None,
@@ -303,8 +315,29 @@ impl Daemon {
             self.recover_run(&id, &mut queued);
         }
         self.adopt_queued(queued);
-        self.recovery_backlog = run_names(&self.layout.runs(), true);
+        self.list_recovery_backlog();
         self.check_running();
+    }
+
+    /// The run directories for `recover_slice`. A listing that fails (EMFILE
+    /// at start-up) is retried every second: a half-claimed run must not wait
+    /// for the next daemon start.
+    fn list_recovery_backlog(&mut self) {
+        match try_run_names(&self.layout.runs(), true) {
+            Ok(names) => {
+                self.recovery_backlog = names;
+                if self.recovery_unlisted.take().is_some() {
+                    self.w.outside_ok();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(runs = %self.layout.runs().display(), error = %e, "cannot list the run directories; retrying every second");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.runs(), &e);
+                }
+                self.recovery_unlisted = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
     }
 
     /// Check the next slice of run directories left by `recover`.
@@ -347,28 +380,19 @@ impl Daemon {
             fsutil::sweep_temps(&dir);
         }
         if spool::is_half_claimed(&dir) {
-            match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, id, &req) {
-                    Ok(s) => {
-                        tracing::info!(run_id = %id, "finished a half-done claim");
-                        self.hooks.track(&self.cfg.hooks, id);
-                        let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
-                        queued.push(s);
-                    }
-                    Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
-                },
-                Err(e) => {
-                    tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
-                }
-            }
+            self.finish_half_claim(id, queued);
             return;
         }
         let s = match run::read_status(&dir) {
             Ok(Some(s)) => s,
             Ok(None) => return,
+            Err(e) if is_capacity(&e) => {
+                // No descriptor or space to read it now: look again, never forget the run.
+                tracing::warn!(run_id = %id, error = %e, "cannot read status.json now; retrying every second");
+                self.w.capacity_error(&dir, &e);
+                self.remember_unfinished(id.to_string());
+                return;
+            }
             Err(e) => {
                 tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
                 return;
@@ -376,6 +400,7 @@ impl Daemon {
         };
         match s.state {
             State::Queued => {
+                spool::ensure_queued_event(&mut self.w, &dir, id, s.queue.priority);
                 let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
                 self.hooks.track(&self.cfg.hooks, id);
                 queued.push(s);
@@ -390,6 +415,52 @@ impl Daemon {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
             }
+        }
+    }
+
+    /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
+    /// one that meets a capacity error is remembered and retried every turn.
+    fn finish_half_claim(&mut self, id: &str, queued: &mut Vec<Status>) {
+        let ctx_cfg = self.cfg.clone();
+        match spool::finish_half_claim(&mut self.w, &self.layout, id, &Ctx(&ctx_cfg)) {
+            Ok(Some(s)) => {
+                tracing::info!(run_id = %id, "finished a half-done claim");
+                self.hooks.track(&self.cfg.hooks, id);
+                let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                queued.push(s);
+            }
+            Ok(None) => {}
+            Err(e) if is_capacity(&e) => {
+                tracing::warn!(run_id = %id, error = %e, "cannot finish a half-done claim now; retrying every second");
+                self.w.capacity_error(&self.layout.run_dir(id), &e);
+                self.remember_unfinished(id.to_string());
+            }
+            Err(e) => {
+                tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim; the next start tries again")
+            }
+        }
+    }
+
+    fn remember_unfinished(&mut self, id: String) {
+        if !self.unfinished_claims.contains(&id) {
+            self.unfinished_claims.push(id);
+        }
+        self.unfinished_retry_at = Instant::now() + Duration::from_secs(1);
+    }
+
+    /// Retry the claims whose post-commit work (queued status, queued event,
+    /// active marker) met an error (PROTOCOL §2.3, §11: capacity errors never
+    /// strand work). Claiming stays paused until every one is finished.
+    fn retry_unfinished_claims(&mut self) {
+        let mut queued = Vec::new();
+        for id in std::mem::take(&mut self.unfinished_claims) {
+            self.recover_run(&id, &mut queued);
+        }
+        self.adopt_queued(queued);
+        if self.unfinished_claims.is_empty() {
+            tracing::info!("every claim cut short after its commit is finished: claiming resumes");
+            self.w.outside_ok();
+            self.spool_dirty = true;
         }
     }
 
@@ -478,6 +549,15 @@ impl Daemon {
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
         }
+        if !self.unfinished_claims.is_empty() {
+            t = t.min(self.unfinished_retry_at);
+        }
+        if let Some(r) = self.recovery_unlisted {
+            t = t.min(r);
+        }
+        if let Some(r) = self.spawn_retry_at.filter(|_| !self.queue.is_empty()) {
+            t = t.min(r);
+        }
         if !self.polled_inboxes.is_empty() {
             t = t.min(self.next_inbox_poll);
         }
@@ -530,6 +610,9 @@ impl Daemon {
         if !self.w.is_idle() {
             self.w.flush();
         }
+        if self.recovery_unlisted.is_some_and(|t| now >= t) {
+            self.list_recovery_backlog();
+        }
         if !self.recovery_backlog.is_empty() {
             self.recover_slice();
         }
@@ -544,6 +627,9 @@ impl Daemon {
         if now >= self.next_retention {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
+        }
+        if !self.unfinished_claims.is_empty() && now >= self.unfinished_retry_at {
+            self.retry_unfinished_claims();
         }
         if self.spool_retry_at.is_some_and(|t| now >= t) {
             self.spool_dirty = true;
@@ -654,7 +740,7 @@ impl Daemon {
             _ => {}
         }
         self.low_space = low;
-        self.low_space.is_none() && self.w.is_idle()
+        self.low_space.is_none() && self.w.is_idle() && self.unfinished_claims.is_empty()
     }
 
     /// Claim from the spool. One listing (sorted oldest first) feeds a
@@ -667,8 +753,8 @@ impl Daemon {
             return;
         }
         let fresh = self.spool_backlog.is_empty();
-        if fresh {
-            self.list_spool();
+        if fresh && !self.list_spool() {
+            return; // retried at spool_retry_at
         }
         let mut later = false;
         let mut capacity = false;
@@ -677,7 +763,8 @@ impl Daemon {
         let ctx = Ctx(&ctx_cfg);
         while done < CLAIMS_PER_TURN {
             let Some(name) = self.spool_backlog.pop_front() else { break };
-            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
+            let outcome =
+                Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx, grace: &mut self.grace }.process(&name);
             match outcome {
                 Outcome::Claimed(s) => {
                     done += 1;
@@ -692,6 +779,19 @@ impl Daemon {
                 }
                 Outcome::Rejected => done += 1,
                 Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
+                Outcome::Unfinished { run_id, error } => {
+                    tracing::warn!(
+                        run_id = %run_id, request = %name, error = %error,
+                        "claimed, but the queued status could not be written: finishing the run by its directory, claiming paused meanwhile"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&self.layout.run_dir(&run_id), &error);
+                        capacity = true;
+                    }
+                    self.remember_unfinished(run_id);
+                    later = true;
+                    break;
+                }
                 Outcome::Capacity(e) => {
                     tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
                     self.w.capacity_error(&self.layout.spool().join(&name), &e);
@@ -702,7 +802,7 @@ impl Daemon {
                 }
             }
         }
-        if !capacity {
+        if !capacity && self.unfinished_claims.is_empty() {
             self.w.outside_ok();
         }
         if !self.spool_backlog.is_empty() && self.w.is_idle() {
@@ -716,8 +816,20 @@ impl Daemon {
         }
     }
 
-    fn list_spool(&mut self) {
-        let Ok(rd) = std::fs::read_dir(self.layout.spool()) else { return };
+    /// List the spool into the backlog; false when it cannot be listed now.
+    fn list_spool(&mut self) -> bool {
+        let rd = match std::fs::read_dir(self.layout.spool()) {
+            Ok(rd) => rd,
+            Err(e) => {
+                // Capacity (EMFILE) or a spool being replaced: list again shortly.
+                tracing::warn!(spool = %self.layout.spool().display(), error = %e, "cannot list the spool; retrying");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.spool(), &e);
+                }
+                self.spool_retry_at = Some(Instant::now() + Duration::from_secs(1));
+                return false;
+            }
+        };
         let mut names: Vec<(i64, String)> = Vec::new();
         for e in rd.flatten() {
             let Ok(name) = e.file_name().into_string() else {
@@ -741,7 +853,9 @@ impl Daemon {
         }
         // Oldest first, so claim order follows publication order.
         names.sort();
+        self.grace.retain(&names.iter().map(|(_, n)| n.as_str()).collect());
         self.spool_backlog = names.into_iter().map(|(_, n)| n).collect();
+        true
     }
 
     /// Act on the control inbox of a run that is still queued: it never starts
@@ -905,6 +1019,10 @@ impl Daemon {
         if !self.w.is_idle() {
             return;
         }
+        if self.spawn_retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.spawn_retry_at = None;
         while self.running.len() < self.cfg.max_running {
             let Some(q) = self.queue.pop() else { break };
             if !self.queued.remove(&q.run_id) {
@@ -912,26 +1030,54 @@ impl Daemon {
             }
             self.watch.unwatch_control(&q.run_id);
             let dir = self.layout.run_dir(&q.run_id);
-            match supervisor::spawn_runner(&self.runner, &dir) {
+            match self.runner.start(&dir) {
                 Ok(child) => {
                     self.w.outside_ok();
+                    self.spawn_backoff = None;
                     tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }
-                Err(e) if is_capacity(&e) => {
-                    tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
-                    self.w.capacity_error(&dir, &e);
+                Err(supervisor::SpawnError::Transient { error, message }) => {
+                    // EAGAIN (RLIMIT_NPROC), ENOMEM, a full descriptor table: the run
+                    // stays queued and the start is retried with a growing delay.
+                    let delay = self.spawn_backoff.map_or(SPAWN_RETRY_FIRST, |d| (d * 2).min(SPAWN_RETRY_MAX));
+                    self.spawn_backoff = Some(delay);
+                    self.spawn_retry_at = Some(Instant::now() + delay);
+                    tracing::warn!(
+                        run_id = %q.run_id, runner = %self.runner.describe(), retry_in_ms = delay.as_millis() as u64,
+                        "{message}; the run stays queued and the start is retried"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&dir, &error);
+                    }
                     self.queued.insert(q.run_id.clone());
                     self.poll_inbox(&q.run_id);
                     self.queue.push(q);
                     break;
                 }
-                Err(e) => {
-                    tracing::error!(run_id = %q.run_id, error = %e, "cannot start a runner");
-                    // Leaves the run queued with no runner: the repair path records why.
-                    self.running.insert(q.run_id.clone(), Slot { child: None });
+                Err(supervisor::SpawnError::Permanent { message }) => {
+                    tracing::error!(run_id = %q.run_id, runner = %self.runner.describe(), "{message}; the run fails");
+                    self.fail_unstartable(&q.run_id, &message);
                 }
             }
+        }
+    }
+
+    /// A queued run whose runner cannot be started ends `failed` with the
+    /// reason, which names the errno and the runner program.
+    fn fail_unstartable(&mut self, run_id: &str, message: &str) {
+        let dir = self.layout.run_dir(run_id);
+        match supervisor::take_runner_lock(&dir) {
+            Ok(Some(_lock)) => match supervisor::fail_unstartable(&mut self.w, &self.layout, run_id, message) {
+                Ok(true) => self.hooks.ended(run_id),
+                Ok(false) => {}
+                Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+            },
+            // Some runner holds it after all: the check of running runs watches it.
+            Ok(None) => {
+                self.running.insert(run_id.to_string(), Slot { child: None });
+            }
+            Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
         }
     }
 
@@ -1107,6 +1253,55 @@ impl Daemon {
     }
 }
 
+/// How long a busy `daemon.lock` whose recorded holder is gone is retried.
+const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
+
+/// Take `daemon.lock` (PROTOCOL §1: one daemon per root). The lock is opened
+/// `O_CLOEXEC`, yet a child forked by a daemon that was just SIGKILLed (a
+/// runner between fork and exec, a provider or hook being spawned) briefly
+/// shares its open file description and with it the lock. So a busy lock is
+/// refused at once only while the daemon named by daemon.json is alive (same
+/// pid and start identity); when that daemon is gone, or daemon.json names no
+/// one yet, it is retried for `LOCK_HOLDER_GONE_WAIT` before refusing.
+fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
+    let lock_path = layout.daemon_lock();
+    let deadline = Instant::now() + LOCK_HOLDER_GONE_WAIT;
+    let mut waited = false;
+    loop {
+        if let Some(lock) = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))? {
+            if waited {
+                tracing::info!(lock = %lock_path.display(), "daemon.lock released by the children of a dead daemon");
+            }
+            return Ok(lock);
+        }
+        let holder = fsutil::read_nofollow(&layout.daemon_json(), 1024 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let alive = pid.is_some_and(|pid| {
+            let pid = pid as u32;
+            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            crate::platform::pid_alive(pid)
+                && match (recorded, crate::platform::start_identity(pid)) {
+                    (Some(r), Some(now)) => r == now,
+                    _ => true,
+                }
+        });
+        if alive || Instant::now() >= deadline {
+            let pid = pid.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into());
+            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
+        }
+        if !waited {
+            tracing::info!(
+                lock = %lock_path.display(),
+                "daemon.lock is busy but the daemon daemon.json names is gone; waiting for its children to exec"
+            );
+            waited = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Run ids named by the entries of `dir`: its run directories (`dirs`) or its
 /// marker files, dot names (temps, the indexes) left out.
 /// A 0.67 stop request waits in a queued run's `control/stop-requests/`.
@@ -1147,12 +1342,16 @@ fn take_run_level_stop(run_dir: &Path) -> Option<crate::protocol::control::StopR
 }
 
 fn run_names(dir: &Path, dirs: bool) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    rd.flatten()
+    try_run_names(dir, dirs).unwrap_or_default()
+}
+
+fn try_run_names(dir: &Path, dirs: bool) -> std::io::Result<Vec<String>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| if dirs { t.is_dir() } else { t.is_file() }))
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|id| !id.starts_with('.'))
-        .collect()
+        .collect())
 }
 
 /// Append a remark to the `log.level` item of a reload report.

@@ -171,3 +171,31 @@ pub fn close_inherited_fds() {
         unsafe { libc::close(fd) };
     }
 }
+
+/// Does the filesystem holding `path` keep a file's inode number for as long
+/// as the file exists? FUSE, SMB/CIFS (with `noserverino`), 9p and vboxsf may
+/// number the same file differently from one lookup to the next; every local
+/// filesystem (ext4, xfs, btrfs, tmpfs, ...) does not. Decided from statfs's
+/// filesystem type; an unknown answer counts as stable, the strict choice
+/// (identity then rests on device and inode alone).
+pub fn inode_numbers_stable(path: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // fuse, smb, smb2, cifs, 9p, vboxsf
+        const UNSTABLE: [u64; 6] = [0x6573_5546, 0x517B, 0xFE53_4D42, 0xFF53_4D42, 0x0102_1997, 0x786F_4256];
+        match nix::sys::statfs::statfs(path) {
+            Ok(s) => !UNSTABLE.contains(&(s.filesystem_type().0 as u64)),
+            Err(_) => true,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        match nix::sys::statfs::statfs(path) {
+            Ok(s) => {
+                let name = s.filesystem_type_name();
+                !(name.contains("fuse") || name == "smbfs" || name == "webdav" || name == "vboxsf")
+            }
+            Err(_) => true,
+        }
+    }
+}

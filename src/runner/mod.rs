@@ -19,7 +19,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::protocol::request::{Item, Request, Step};
+use crate::protocol::request::{self, Context, Item, Rejection, Request, Step, MAX_REQUEST_BYTES};
 use crate::protocol::status::{RunnerInfo, State, Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
@@ -165,13 +165,27 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             RunPaths::request(&dir).display()
         )
     })?;
-    let req: Request =
-        serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let mut w = Writer::new();
     // Before any step exists: every orphan among the steps' descendants (a
     // `setsid`'d or double-forked grandchild) is re-parented to us, so it can
     // be found and killed when its step ends (`contain`).
     let containment = if crate::platform::procs::become_subreaper() { "subreaper" } else { "process-group" };
+    // G4: run only bytes that pass the claim's own validator, read once here.
+    let req = match validate_request(&raw) {
+        Ok(req) => req,
+        Err(r) => {
+            let message = format!(
+                "{} fails validation, so nothing was run: {}: {}; submit a new, valid request",
+                RunPaths::request(&dir).display(),
+                r.code,
+                r.message
+            );
+            open_logs(&dir);
+            crate::note!("{message}");
+            fail_unvalidated(&mut w, &layout, &dir, &message)?;
+            return Ok(1);
+        }
+    };
     let now = crate::now_ms();
     let pid = std::process::id();
     let mut started = None;
@@ -853,6 +867,59 @@ fn reap(pid: u32) -> bool {
         Ok(_) => true,
         Err(_) => true,
     }
+}
+
+/// What the validator may check again at run time: the shape and limits of
+/// the request. The claim-time facts (the `cwd`s existed, the provider was
+/// configured in the daemon) are the claim's; a step whose cwd went away
+/// since fails on its own, and the bridge answers for providers.
+struct RunTime;
+impl Context for RunTime {
+    fn provider_configured(&self, _: &str) -> bool {
+        true
+    }
+    fn is_dir(&self, _: &str) -> bool {
+        true
+    }
+}
+
+fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
+    if raw.len() as u64 > MAX_REQUEST_BYTES {
+        return Err(Rejection::new("too-large", format!("it is over {MAX_REQUEST_BYTES} bytes")));
+    }
+    request::parse(raw).and_then(|v| request::validate(raw, &v, &RunTime))
+}
+
+/// End a queued run whose request.json fails validation: `failed`, every step
+/// skipped, the reason in `error`, indexes and result published.
+fn fail_unvalidated(w: &mut Writer, l: &Layout, dir: &Path, message: &str) -> anyhow::Result<()> {
+    let run_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let now = crate::now_ms();
+    let msg = message.to_string();
+    let s = results::write_terminal(w, l, &run_id, move |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
+            st.status = StepState::Failed;
+            st.exit_code = Some(-1);
+            st.duration_ms = Some(0);
+            st.error = Some("skipped: request.json fails validation".to_string());
+        }
+        s.state = State::Failed;
+        s.ended_at = Some(now);
+        s.error = Some(msg);
+        s.exit_code = Some(1);
+        Some(s)
+    })?;
+    if s.is_some_and(|s| s.state == State::Failed) {
+        event(w, dir, &run_id, "subagent.run.completed", json!({"status": "failed", "durationMs": 0, "exitCode": 1}));
+    }
+    while !w.flush() {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
 }
 
 fn first_error(s: &Status) -> String {
