@@ -656,6 +656,10 @@ fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection) -> io
     w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
 }
 
+/// Name prefix of the directories a `rejected` run is built in before it is
+/// renamed into place; leftovers are removed at start (retention's sweep).
+pub const STAGING_PREFIX: &str = ".rejected-run-";
+
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
 fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
     let dir = l.run_dir(run_id);
@@ -700,22 +704,40 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
     w.then(
         format!("rejected run {run_id}"),
         Box::new(move || {
-            mkdir_private(&dir)?;
-            match run::read_status(&dir)? {
-                Some(cur) if cur.state != State::Rejected => return Ok(()), // not ours to touch
-                Some(_) => {}
-                None => {
-                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
-                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
-                    let mut ev = Writer::new();
-                    run::event(
-                        &mut ev,
-                        &dir,
-                        &run_id,
-                        "subagent.run.rejected",
-                        json!({"code": code, "message": message}),
-                    );
+            match run::read_status(&dir) {
+                Ok(Some(cur)) if !(cur.state == State::Rejected && cur.launched_by_runspool()) => return Ok(()), // not ours to touch
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // Built complete in a dot-named staging directory, then
+                    // renamed into place: a rejected run has no request.json,
+                    // so a temp file left inside its directory by a crash
+                    // could not be told from another host's; a leftover
+                    // staging directory is ours (`STAGING_PREFIX`).
+                    let stage = l.runs().join(format!("{STAGING_PREFIX}{}", uuid::Uuid::new_v4()));
+                    let built = mkdir_private(&stage).and_then(|_| {
+                        let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                        fsutil::write_atomic(&RunPaths::status(&stage), &bytes, true)?;
+                        let mut ev = Writer::new();
+                        run::event(
+                            &mut ev,
+                            &stage,
+                            &run_id,
+                            "subagent.run.rejected",
+                            json!({"code": code, "message": message}),
+                        );
+                        std::fs::rename(&stage, &dir)?;
+                        fsync_dir(&l.runs())
+                    });
+                    if let Err(e) = built {
+                        let _ = std::fs::remove_dir_all(&stage);
+                        // Taken meanwhile (another host's run): not ours to publish.
+                        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+                            return Ok(());
+                        }
+                        return Err(e);
+                    }
                 }
+                Err(e) => return Err(e),
             }
             results::publish_result(&l, &status)?;
             index::mark_terminal(&l, &status)?;
