@@ -15,6 +15,8 @@
 //! Hooks never block the loop: children are polled each turn, at most
 //! `max_parallel` run at once, and one that outlives `timeout_s` gets SIGTERM
 //! to its process group, then SIGKILL 3 s later.
+//!
+//! A SIGHUP applies `[hooks]` at once (`reconfigure`).
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
@@ -99,6 +101,24 @@ impl Hooks {
         if let Err(e) = r {
             tracing::warn!(run_id, error = %e, "cannot record the pending hook on disk; it fires unless the daemon restarts first");
         }
+    }
+
+    /// SIGHUP changed `[hooks]`. Hooks now configured are owed by every run
+    /// in `active`; with none configured any more, runs stop owing one.
+    /// Hooks already running keep their own time limit.
+    pub fn reconfigure(&mut self, new: &HookConfig, active: &[String]) {
+        if new.enabled() {
+            for id in active {
+                self.track(new, id);
+            }
+            return;
+        }
+        // Runs that ended but whose hook has not started yet are let go too.
+        let owed: Vec<String> = self.tracked.iter().cloned().collect();
+        for id in owed {
+            self.forget(&id);
+        }
+        self.waiting.clear();
     }
 
     /// At start: every run with a pending marker is tracked again; those that

@@ -116,6 +116,9 @@ pub struct Daemon {
     layout: Layout,
     cfg: Config,
     config_path: Option<PathBuf>,
+    /// The flag or variable that chose the root over the config's `root`
+    /// (`Layout::root_override`), for the SIGHUP report.
+    root_override: Option<String>,
     runner: supervisor::RunnerProgram,
     w: Writer,
     _lock: File,
@@ -165,6 +168,7 @@ impl Daemon {
     pub fn start(opts: Options) -> Result<Daemon, StartError> {
         let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
+        let root_override = Layout::root_override(opts.root.as_deref());
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
@@ -222,6 +226,7 @@ impl Daemon {
             layout,
             cfg,
             config_path: opts.config,
+            root_override,
             runner: supervisor::RunnerProgram::find(&exe),
             w: Writer::new(),
             _lock: lock,
@@ -894,7 +899,7 @@ impl Daemon {
                 return;
             }
         };
-        let mut changes = new.changes_from(&self.cfg);
+        let mut changes = new.changes_from(&self.cfg, self.root_override.as_deref());
         if changes.is_empty() {
             tracing::info!(config = %file, "configuration reloaded: nothing changed");
             return;
@@ -928,6 +933,12 @@ impl Daemon {
         }
         if new.retention_days != self.cfg.retention_days {
             self.next_retention = Instant::now();
+        }
+        if new.hooks != self.cfg.hooks {
+            // Hooks apply at once: added hooks are owed by every run active now.
+            let active: Vec<String> =
+                self.queued.iter().chain(self.running.keys()).chain(self.settling.iter()).cloned().collect();
+            self.hooks.reconfigure(&new.hooks, &active);
         }
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
