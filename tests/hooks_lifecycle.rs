@@ -1,5 +1,6 @@
 //! Completion hooks across the daemon's own life: `[hooks]` changed by a
-//! SIGHUP apply at once.
+//! SIGHUP apply at once, and a hook orphaned by a daemon restart is still
+//! bounded by its `timeout_s`.
 
 mod common;
 
@@ -101,5 +102,47 @@ fn sighup_applies_hooks_at_once() {
     assert!(hook_record(&env, "no-hooks").is_none(), "a hook fired after hooks were removed");
     assert_eq!(fired(&env.work).len(), 4, "{:?}", fired(&env.work));
     assert!(!env.root.join("runspool/hooks-pending/no-hooks").exists());
+    assert!(env.term().success());
+}
+
+#[test]
+fn orphaned_hook_is_killed_at_its_deadline_after_a_restart() {
+    let mut env = TestEnv::new();
+    let w = env.work.display().to_string();
+    // `long`'s hook would sleep ten minutes; `short`'s ends by itself well within its time limit.
+    env.write_config(&format!(
+        "{DEFAULT_CONFIG}[hooks]\n\
+         on_complete = [\"sh\", \"-c\", \"echo $$ > '{w}/'$RUNSPOOL_RUN_ID.pid; if [ $RUNSPOOL_RUN_ID = short ]; then sleep 3; touch '{w}/short.done'; else exec sleep 600; fi\"]\n\
+         timeout_s = 8\nmax_parallel = 2\n"
+    ));
+    env.start_daemon();
+    env.submit(&request(Some("long"), &env.work, vec![sh_step("a", "exit 0")]));
+    env.submit(&request(Some("short"), &env.work, vec![sh_step("a", "exit 0")]));
+    let pid_of = |id: &str| -> i64 {
+        let p = env.work.join(format!("{id}.pid"));
+        wait_until(LONG, &format!("the hook of {id} to start"), || {
+            fs::read_to_string(&p).is_ok_and(|s| s.trim().parse::<i64>().is_ok())
+        });
+        fs::read_to_string(&p).unwrap().trim().parse().unwrap()
+    };
+    let (long, short) = (pid_of("long"), pid_of("short"));
+    env.kill9();
+    assert!(process_alive(long), "the hook outlives its daemon");
+    env.start_daemon();
+
+    // A hook may finish across a restart...
+    wait_until(LONG, "the short hook to finish by itself", || env.work.join("short.done").exists());
+    // ...but never outlive its time limit.
+    wait_until(LONG, "the orphaned hook killed at its deadline", || !process_alive(long));
+    assert!(!process_alive(short));
+    wait_until(LONG, "hook.json to record the kill", || {
+        hook_record(&env, "long").is_some_and(|r| r["timedOut"] == true)
+    });
+    let r = hook_record(&env, "long").unwrap();
+    assert!(r["error"].as_str().unwrap_or("").contains("timeout_s"), "{r}");
+    assert!(env.log_tail(200).contains("orphaned hook"), "the kill is logged\n{}", env.log_tail(60));
+    wait_until(LONG, "the running-hook records removed", || {
+        list_names(&env.root.join("runspool/hooks-running")).is_empty()
+    });
     assert!(env.term().success());
 }
