@@ -20,6 +20,63 @@ fn read_json(p: &Path) -> Option<Value> {
     serde_json::from_slice(&std::fs::read(p).ok()?).ok()
 }
 
+/// `runspool status` exit codes (besides 1 for an error).
+pub const EXIT_NOT_RUNNING: i32 = 3;
+pub const EXIT_DEGRADED: i32 = 4;
+
+/// The daemon's health as the CLI sees it: daemon.json, checked against the
+/// lock and the filesystem itself.
+struct Health {
+    alive: bool,
+    daemon: Option<Value>,
+    storage_state: String,
+    storage_reason: Option<String>,
+}
+
+impl Health {
+    /// `config_min`: the config's `storage.min_free_bytes`, used when
+    /// daemon.json does not name the daemon's own floor.
+    fn read(layout: &Layout, config_min: Option<u64>) -> Health {
+        let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
+        let daemon = read_json(&layout.daemon_json());
+        let d = daemon.as_ref().filter(|_| alive);
+        // The CLI's own statvfs: a daemon that could not write `degraded` (a
+        // 100% full disk) must not make a full disk look fine.
+        let min = d.and_then(|d| d["storage"]["minFreeBytes"].as_u64()).or(config_min).unwrap_or(16 << 20);
+        let root = if layout.root.exists() { layout.root.as_path() } else { Path::new("/") };
+        let own = crate::daemon::report::space_shortage(root, min);
+        let daemon_reason = d.and_then(|d| d["storage"]["reason"].as_str()).map(str::to_string);
+        let (storage_state, storage_reason) = match (d.and_then(|d| d["storage"]["state"].as_str()), own) {
+            (Some(s), _) if s != "ok" => (s.to_string(), daemon_reason),
+            (_, Some(why)) => ("degraded".to_string(), Some(why)),
+            (s, None) => (s.unwrap_or("ok").to_string(), daemon_reason),
+        };
+        Health { alive, daemon, storage_state, storage_reason }
+    }
+
+    fn running(&self) -> bool {
+        self.alive && self.daemon.is_some()
+    }
+
+    fn storage_text(&self) -> String {
+        format!(
+            "{}{}",
+            self.storage_state,
+            self.storage_reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+        )
+    }
+
+    fn exit_code(&self) -> i32 {
+        if !self.running() {
+            EXIT_NOT_RUNNING
+        } else if self.storage_state != "ok" {
+            EXIT_DEGRADED
+        } else {
+            0
+        }
+    }
+}
+
 /// Inotify limits and this user's current use (instances and watches),
 /// counted from /proc like `inotify-info` does.
 pub fn inotify_usage() -> Option<Value> {
@@ -78,9 +135,9 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         }
     };
     // Daemon.
-    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-    let dj = read_json(&layout.daemon_json());
-    match (&dj, alive) {
+    let health = Health::read(layout, cfg.as_ref().map(|c| c.storage.min_free_bytes));
+    let dj = health.daemon.clone();
+    match (&dj, health.alive) {
         (Some(d), true) => {
             checks.push(check("daemon", "ok", format!("running, pid {}", d["pid"])));
             checks.push(check(
@@ -93,12 +150,15 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                     d["watch"]["reason"].as_str().unwrap_or("")
                 ),
             ));
-            let storage = d["storage"]["state"].as_str().unwrap_or("?");
-            let level = if storage == "ok" { "ok" } else { "warn" };
+            let level = if health.storage_state == "ok" { "ok" } else { "fail" };
             checks.push(check(
                 "storage",
                 level,
-                format!("{storage}{}", d["storage"]["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default()),
+                format!(
+                    "{}{}",
+                    health.storage_state,
+                    health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                ),
             ));
         }
         _ => checks.push(check(
@@ -259,15 +319,22 @@ pub fn find_executable(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| ok(&d.join(name))))
 }
 
-/// `runspool status` with no run: the daemon's own status.
+/// `runspool status` with no run: the daemon's own status. Exit codes: 0
+/// healthy, 3 not running, 4 storage degraded.
 pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
-    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-    let dj = read_json(&layout.daemon_json());
+    let config_min = crate::config::Config::load(None).ok().map(|c| c.storage.min_free_bytes);
+    let h = Health::read(layout, config_min);
+    let code = h.exit_code();
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&json!({"alive": alive, "daemon": dj}))?);
-        return Ok(if alive { 0 } else { 3 });
+        let v = json!({
+            "alive": h.alive,
+            "daemon": h.daemon,
+            "storage": {"state": h.storage_state, "reason": h.storage_reason},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(code);
     }
-    match (alive, dj) {
+    match (h.alive, h.daemon.as_ref()) {
         (true, Some(d)) => {
             println!("daemon    running (pid {}, version {})", d["pid"], d["runspoolVersion"].as_str().unwrap_or("?"));
             println!("root      {}", layout.root.display());
@@ -277,17 +344,13 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
                 d["watch"]["backend"].as_str().unwrap_or("?"),
                 d["watch"]["reason"].as_str().unwrap_or("")
             );
-            println!(
-                "storage   {}{}",
-                d["storage"]["state"].as_str().unwrap_or("?"),
-                d["storage"]["reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default()
-            );
+            println!("storage   {}", h.storage_text());
             println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
-            Ok(0)
+            Ok(code)
         }
         _ => {
             println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
-            Ok(3)
+            Ok(code)
         }
     }
 }

@@ -142,6 +142,8 @@ pub struct Daemon {
     settling: Vec<String>,
     seq: u64,
     report: DaemonStatus,
+    /// Room kept for daemon.json on a full filesystem.
+    reserve: report::Reserve,
     last_report_write: Instant,
     /// Counts changed but were written less than REPORT_EVERY ago.
     report_due: Option<Instant>,
@@ -209,7 +211,12 @@ impl Daemon {
                 fs_type: watch::fs_type(&layout.root),
                 inotify: crate::cli::inotify_usage(),
             },
-            storage: StorageInfo { state: "ok".into(), reason: None, since: None },
+            storage: StorageInfo {
+                state: "ok".into(),
+                reason: None,
+                since: None,
+                min_free_bytes: Some(cfg.storage.min_free_bytes),
+            },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
         };
@@ -221,6 +228,7 @@ impl Daemon {
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let bridge = bridge::Bridge::new(&cfg, tx.clone());
         let hooks = hooks::Hooks::new(&layout);
+        let reserve = report::Reserve::new(&layout);
         let mut d = Daemon {
             next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
             layout,
@@ -245,6 +253,7 @@ impl Daemon {
             settling: Vec::new(),
             seq: 0,
             report,
+            reserve,
             last_report_write: Instant::now(),
             report_due: None,
             spool_dirty: true,
@@ -258,6 +267,7 @@ impl Daemon {
             watchdog: report::watchdog_interval(),
             last_watchdog: Instant::now(),
         };
+        d.reserve.ensure();
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
@@ -452,6 +462,9 @@ impl Daemon {
         if let Some(h) = self.hooks.next_wake() {
             t = t.min(h);
         }
+        if let Some(r) = self.reserve.next_wake() {
+            t = t.min(r);
+        }
         if let Some(r) = self.report_due {
             t = t.min(r);
         }
@@ -525,6 +538,8 @@ impl Daemon {
         self.bridge.turn(&self.layout, self.running.keys(), &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
+        // Back after a release once there is room again (tried every 10 s).
+        self.reserve.ensure();
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
         if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
             report::sd_notify("WATCHDOG=1");
@@ -567,15 +582,7 @@ impl Daemon {
     /// Is there room to claim? Below the free-space floor, or with writes
     /// still deferred, the spool is left alone (PROTOCOL §11).
     fn storage_ok(&mut self) -> bool {
-        let min = self.cfg.storage.min_free_bytes;
-        let low = match crate::platform::free_space(&self.layout.root) {
-            Ok((bytes, _)) if bytes < min => Some(format!(
-                "{bytes} bytes free under {}, below storage.min_free_bytes = {min}",
-                self.layout.root.display()
-            )),
-            Ok((_, 0)) => Some(format!("no free inodes under {}", self.layout.root.display())),
-            _ => None,
-        };
+        let low = report::space_shortage(&self.layout.root, self.cfg.storage.min_free_bytes);
         match (&self.low_space, &low) {
             (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
             (Some(_), None) => tracing::info!("storage space back above the floor: claiming resumed"),
@@ -955,8 +962,10 @@ impl Daemon {
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
         let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
+        let min_free_bytes = Some(self.cfg.storage.min_free_bytes);
         r.storage = match degraded {
             Some(reason) => StorageInfo {
+                min_free_bytes,
                 state: "degraded".into(),
                 since: Some(
                     self.report
@@ -967,7 +976,7 @@ impl Daemon {
                 ),
                 reason: Some(reason),
             },
-            None => StorageInfo { state: "ok".into(), reason: None, since: None },
+            None => StorageInfo { state: "ok".into(), reason: None, since: None, min_free_bytes },
         };
         if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
             self.report_due = None;
@@ -989,8 +998,14 @@ impl Daemon {
         ));
         r.updated_at = crate::now_ms();
         let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
-        if let Err(e) = self.w.write(&self.layout.daemon_json(), bytes, false) {
+        let path = self.layout.daemon_json();
+        if let Err(e) = self.w.write(&path, bytes, false) {
             tracing::warn!(error = %e, "cannot write daemon.json");
+        }
+        // A full filesystem must not keep daemon.json saying `ok`: spend the
+        // reserve on it (docs/watching-and-storage.md).
+        if self.w.pending_for(&path).is_some() && self.reserve.release() {
+            self.w.flush_path(&path);
         }
         self.report = r;
         self.last_report_write = Instant::now();
