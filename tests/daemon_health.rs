@@ -1,6 +1,6 @@
 //! The daemon's health as `runspool status` (no run) and `runspool doctor`
 //! report it: a 100% full filesystem is `degraded` even when daemon.json could
-//! not say so.
+//! not say so, and a frozen daemon is `unresponsive`.
 
 mod common;
 
@@ -184,4 +184,49 @@ fn nix_statvfs(p: &Path) -> (u64, u64) {
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
     (s.f_bavail * s.f_frsize, s.f_favail)
+}
+
+#[test]
+fn frozen_daemon_is_reported_unresponsive() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let o = env.cli(&["status"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let pid = env.daemon_pid().unwrap();
+    signal(pid, libc::SIGSTOP);
+    let cont = Cont(pid);
+    // Ten minutes pass: daemon.json is what the CLI reads, so age it.
+    let mut d: Value = read_json(&env.daemon_json()).unwrap();
+    d["updatedAt"] = (now_ms() - 600_000).into();
+    let tmp = env.root.join("runspool/.aged.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+    fs::rename(&tmp, env.daemon_json()).unwrap();
+    // A run that stays running, so the daemon's counts change for good once it resumes.
+    let gate = env.work.join("gate");
+    let (id, _) = env.submit(&request(Some("while-frozen"), &env.work, vec![sh_step("a", &gate_wait(&gate))]));
+
+    let o = env.cli(&["status"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(5), "status exits 5 for an unresponsive daemon\n{t}");
+    assert!(t.contains("unresponsive") && t.contains("1 request"), "{t}");
+    assert!(t.contains("kill -CONT") && t.contains("journalctl"), "the fix is named\n{t}");
+    let o = env.cli(&["status", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("status --json prints JSON");
+    assert_eq!(v["responsive"], false, "{v}");
+    assert!(v["staleMs"].as_i64().unwrap() >= 600_000, "{v}");
+    assert_eq!(v["spoolWaiting"], 1, "{v}");
+    let o = doctor(&env);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "doctor fails on an unresponsive daemon\n{t}");
+    assert!(t.lines().any(|l| l.starts_with("fail") && l.contains("unresponsive")), "{t}");
+
+    drop(cont);
+    wait_until(LONG, "status healthy again after the daemon's next rewrite", || {
+        env.cli(&["status"]).status.code() == Some(0)
+    });
+    let o = doctor(&env);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    open_gate(&gate);
+    assert_eq!(env.wait_terminal(&id)["state"], "complete");
+    assert!(env.term().success());
 }

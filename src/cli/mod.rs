@@ -68,7 +68,8 @@ To keep it running across logouts and crashes use `runspool service install` ins
   runspool status --json <run>    # status.json as written on disk
 
 Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4 its storage is degraded
-(checked by the CLI too, under the root, against storage.min_free_bytes).")]
+(checked by the CLI too, under the root, against storage.min_free_bytes); 5 it is unresponsive
+(daemon.json not rewritten for over 180 s while the daemon holds its lock).")]
     Status {
         /// Run id, or a unique prefix of 8 or more characters
         run: Option<String>,
@@ -145,8 +146,8 @@ install` writes a per-user copy (for another root or config) that overrides it."
   runspool doctor
   runspool doctor --json | jq '.checks[] | select(.level != \"ok\")'
 
-Exits 1 when a check fails: among others degraded storage (a full disk, or free space below
-storage.min_free_bytes).")]
+Exits 1 when a check fails: among others an unresponsive daemon (daemon.json older than 180 s)
+or degraded storage (a full disk, or free space below storage.min_free_bytes).")]
     Doctor {
         /// Config file to check (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
