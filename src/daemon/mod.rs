@@ -1006,6 +1006,7 @@ impl Daemon {
         // reserve on it (docs/watching-and-storage.md).
         if self.w.pending_for(&path).is_some() && self.reserve.release() {
             self.w.flush_path(&path);
+            self.reserve.take_back();
         }
         self.report = r;
         self.last_report_write = Instant::now();

@@ -71,10 +71,13 @@ pub fn space_shortage(root: &Path, min: u64) -> Option<String> {
 /// still write its own `daemon.json` (and say `degraded`) on a filesystem
 /// someone else filled to the last byte: released (unlinked, which frees
 /// its blocks and its inode) when a daemon.json write meets a capacity
-/// error, recreated once there is room again.
+/// error, and what that write left over taken back at once, so spending the
+/// reserve gives nobody else room; grown back to full size once there is
+/// room again.
 pub struct Reserve {
     path: PathBuf,
-    present: bool,
+    /// Bytes allocated now (0: no reserve file).
+    size: u64,
     released: bool,
     next_try: Instant,
 }
@@ -84,45 +87,39 @@ const RESERVE_RETRY: Duration = Duration::from_secs(10);
 
 impl Reserve {
     pub fn new(l: &Layout) -> Reserve {
-        Reserve {
-            path: l.daemon_dir().join("storage-reserve"),
-            present: false,
-            released: false,
-            next_try: Instant::now(),
-        }
+        Reserve { path: l.daemon_dir().join("storage-reserve"), size: 0, released: false, next_try: Instant::now() }
     }
 
-    /// Create the reserve when it is missing (at most every 10 s).
+    /// Bring the reserve to its full size when it is short (at most every 10 s).
     pub fn ensure(&mut self) {
-        if self.present || Instant::now() < self.next_try {
+        if self.size >= RESERVE_BYTES || Instant::now() < self.next_try {
             return;
         }
-        match preallocate(&self.path, RESERVE_BYTES) {
+        match preallocate(&self.path, RESERVE_BYTES, self.size) {
             Ok(()) => {
-                self.present = true;
+                self.size = RESERVE_BYTES;
                 if std::mem::take(&mut self.released) {
                     tracing::info!(path = %self.path.display(), "storage reserve recreated");
                 }
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&self.path);
                 self.next_try = Instant::now() + RESERVE_RETRY;
-                tracing::debug!(path = %self.path.display(), error = %e, "cannot create the storage reserve yet");
+                tracing::debug!(path = %self.path.display(), error = %e, "cannot grow the storage reserve yet");
             }
         }
     }
 
-    /// When `ensure` should try again (None: the reserve is in place).
+    /// When `ensure` should try again (None: the reserve is whole).
     pub fn next_wake(&self) -> Option<Instant> {
-        (!self.present).then_some(self.next_try)
+        (self.size < RESERVE_BYTES).then_some(self.next_try)
     }
 
     /// Give the reserve's space back. True when there was one to give.
     pub fn release(&mut self) -> bool {
-        if !self.present {
+        if self.size == 0 {
             return false;
         }
-        self.present = false;
+        self.size = 0;
         self.released = true;
         self.next_try = Instant::now() + RESERVE_RETRY;
         match std::fs::remove_file(&self.path) {
@@ -136,11 +133,23 @@ impl Reserve {
             }
         }
     }
+
+    /// Right after a release and the write it made room for: keep what the
+    /// write did not use, so the release frees nothing for anyone else.
+    pub fn take_back(&mut self) {
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        let avail = crate::platform::free_space(dir).map(|(b, _)| b).unwrap_or(0);
+        let len = avail.min(RESERVE_BYTES) / 4096 * 4096;
+        if len > 0 && preallocate(&self.path, len, 0).is_ok() {
+            self.size = len;
+        }
+    }
 }
 
-/// A regular file of `len` allocated bytes at `path` (created 0600, never
-/// through a symlink; an existing one is reused).
-fn preallocate(path: &Path, len: u64) -> io::Result<()> {
+/// Allocate `len` bytes in the regular file at `path` (created 0600, never
+/// through a symlink; an existing one is reused). On failure the file is
+/// cut back to `keep` bytes, or removed when `keep` is 0.
+fn preallocate(path: &Path, len: u64, keep: u64) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -152,22 +161,32 @@ fn preallocate(path: &Path, len: u64) -> io::Result<()> {
     if !f.metadata()?.is_file() {
         return Err(io::Error::other(format!("{} is not a regular file; remove it", path.display())));
     }
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) } {
-            0 => Ok(()),
-            errno => Err(io::Error::from_raw_os_error(errno)),
+    let r = allocate(&f, len);
+    if r.is_err() {
+        if keep == 0 {
+            let _ = std::fs::remove_file(path);
+        } else {
+            let _ = f.set_len(keep);
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        use std::io::Write;
-        let mut f = f;
-        f.set_len(0)?;
-        f.write_all(&vec![0u8; len as usize])?;
-        f.sync_all()
+    r
+}
+
+#[cfg(target_os = "linux")]
+fn allocate(f: &std::fs::File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
     }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allocate(mut f: &std::fs::File, len: u64) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    f.seek(SeekFrom::Start(0))?;
+    f.write_all(&vec![0u8; len as usize])?;
+    f.sync_all()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
