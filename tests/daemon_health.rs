@@ -88,6 +88,23 @@ impl Drop for Cont {
     }
 }
 
+/// From plenty of room to 100% full in one step (one fallocate), so the
+/// daemon never sees a disk that is low but not yet full.
+fn fill_at_once(root: &Path) -> Vec<PathBuf> {
+    let dir = root.join("filler");
+    fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big");
+    let f = fs::File::create(&big).unwrap();
+    let room = free(root).0 as libc::off_t;
+    use std::os::fd::AsRawFd;
+    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, room) }, 0, "fallocate {room} bytes");
+    drop(f);
+    let mut filler = fill(&dir);
+    filler.push(big);
+    assert_eq!(free(root).0, 0, "the tmpfs is not full");
+    filler
+}
+
 #[test]
 fn full_filesystem_is_degraded_in_status_and_doctor() {
     if !need_root("full_filesystem_is_degraded_in_status_and_doctor") {
@@ -101,20 +118,7 @@ fn full_filesystem_is_degraded_in_status_and_doctor() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(storage_line(&o), "storage   ok", "{}", text(&o));
 
-    // From plenty of room to 100% full in one step (one fallocate), so the
-    // daemon never sees a disk that is low but not yet full.
-    let dir = env.root.join("filler");
-    fs::create_dir_all(&dir).unwrap();
-    let big = dir.join("big");
-    let f = fs::File::create(&big).unwrap();
-    let room = free(&env.root).0 as libc::off_t;
-    use std::os::fd::AsRawFd;
-    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, room) }, 0, "fallocate {room} bytes");
-    drop(f);
-    let mut filler = fill(&dir);
-    filler.push(big);
-    let (bytes, _) = free(&env.root);
-    assert_eq!(bytes, 0, "the tmpfs is not full");
+    let filler = fill_at_once(&env.root);
 
     // The daemon writes its own degraded state from the space it keeps in reserve.
     wait_until(LONG, "daemon.json itself to say degraded on a 100% full filesystem", || {
@@ -170,6 +174,32 @@ fn full_filesystem_is_degraded_in_status_and_doctor() {
     wait_until(LONG, "the storage reserve recreated", || env.root.join("runspool/storage-reserve").is_file());
     let (id, _) = env.submit(&request(Some("after-full"), &env.work, vec![sh_step("a", "exit 0")]));
     assert_eq!(env.wait_terminal(&id)["state"], "complete");
+    assert!(env.term().success());
+}
+
+/// `storage.min_free_bytes = 0` sets no floor, but a filesystem with no
+/// free byte at all is still degraded: nothing can be claimed there.
+#[test]
+fn full_filesystem_is_degraded_without_a_floor() {
+    if !need_root("full_filesystem_is_degraded_without_a_floor") {
+        return;
+    }
+    let mut env = TestEnv::with_config("[storage]\nmin_free_bytes = 0\n[watch]\nrescan_interval_s = 1\n");
+    let _m = mount_tmpfs(&env.root, "8m");
+    env.ensure_layout();
+    env.start_daemon();
+    let filler = fill_at_once(&env.root);
+    wait_until(LONG, "daemon.json to say degraded with no byte free", || {
+        read_json(&env.daemon_json()).is_some_and(|d| d["storage"]["state"] == "degraded")
+    });
+    let o = env.cli(&["status"]);
+    assert!(storage_line(&o).starts_with("storage   degraded"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(doctor(&env).status.code(), Some(1));
+    for p in filler {
+        fs::remove_file(p).unwrap();
+    }
+    wait_until(LONG, "status ok again", || env.cli(&["status"]).status.code() == Some(0));
     assert!(env.term().success());
 }
 
