@@ -88,3 +88,33 @@ fn sighup_root_change_names_the_root_that_wins() {
     assert!(r.contains("(applies at the next daemon start)") && !r.contains("wins"), "{r}");
     assert!(env.term().success());
 }
+
+/// A SIGHUP as soon as the daemon has reported itself (daemon.json names its
+/// pid) is a reload, never the default action of the signal (exit): the
+/// test spins on daemon.json and signals the moment it appears.
+#[test]
+fn sighup_right_after_start_is_a_reload() {
+    let mut env = TestEnv::new();
+    for round in 0..5 {
+        let _ = fs::remove_file(env.daemon_json());
+        env.start_daemon_nowait();
+        let pid = env.daemon_pid().unwrap();
+        let deadline = std::time::Instant::now() + LONG;
+        while read_json(&env.daemon_json()).is_none_or(|d| d["pid"].as_i64() != Some(pid)) {
+            assert!(std::time::Instant::now() < deadline, "daemon.json never named pid {pid}");
+        }
+        let from = log_len(&env);
+        hup(&env);
+        let mut report = String::new();
+        wait_until(LONG, "the reload report, or the daemon's death", || {
+            let t = fs::read_to_string(&env.log_path).unwrap_or_default();
+            if let Some(l) = t[from.min(t.len())..].lines().find(|l| l.contains("configuration reloaded")) {
+                report = l.to_string();
+            }
+            !report.is_empty() || !process_alive(pid)
+        });
+        assert!(env.daemon_exited().is_none(), "round {round}: the daemon died of SIGHUP\n{}", env.log_tail(20));
+        assert!(report.contains("nothing changed"), "round {round}: {report}");
+        assert!(env.term().success());
+    }
+}

@@ -319,10 +319,6 @@ pub fn main() -> i32 {
                     return 1;
                 }
             };
-            if let Err(e) = crate::daemon::forward_signals(d.sender()) {
-                crate::logging::fatal(&format!("cannot install signal handlers: {e}"));
-                return 1;
-            }
             d.run()
         }
         cmd => {

@@ -168,6 +168,13 @@ pub struct Options {
 
 impl Daemon {
     pub fn start(opts: Options) -> Result<Daemon, StartError> {
+        // Signals become hints for the loop before anything can see this
+        // daemon (daemon.json): a SIGHUP sent as soon as it appears is a
+        // reload, not the signal's default action (exit).
+        let (tx, rx) = channel();
+        forward_signals(tx.clone()).map_err(|e| {
+            StartError::Config(format!("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {e}"))
+        })?;
         let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
         let root_override = Layout::root_override(opts.root.as_deref());
@@ -190,7 +197,6 @@ impl Daemon {
                 .unwrap_or_else(|| "unknown".into());
             return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
         };
-        let (tx, rx) = channel();
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
                 .map_err(StartError::Config)?;
@@ -1047,8 +1053,9 @@ fn note_level(changes: &mut [String], remark: &str) {
     }
 }
 
-/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints.
-pub fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
+/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints
+/// (`Daemon::start` does, first thing).
+fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGCHLD])?;
     std::thread::Builder::new().name("signals".into()).spawn(move || {
