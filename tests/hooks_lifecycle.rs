@@ -113,7 +113,7 @@ fn orphaned_hook_is_killed_at_its_deadline_after_a_restart() {
     env.write_config(&format!(
         "{DEFAULT_CONFIG}[hooks]\n\
          on_complete = [\"sh\", \"-c\", \"echo $$ > '{w}/'$RUNSPOOL_RUN_ID.pid; if [ $RUNSPOOL_RUN_ID = short ]; then sleep 3; touch '{w}/short.done'; else exec sleep 600; fi\"]\n\
-         timeout_s = 8\nmax_parallel = 2\n"
+         timeout_s = 12\nmax_parallel = 2\n"
     ));
     env.start_daemon();
     env.submit(&request(Some("long"), &env.work, vec![sh_step("a", "exit 0")]));
