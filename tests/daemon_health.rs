@@ -184,7 +184,8 @@ fn full_filesystem_is_degraded_without_a_floor() {
     if !need_root("full_filesystem_is_degraded_without_a_floor") {
         return;
     }
-    let mut env = TestEnv::with_config("[storage]\nmin_free_bytes = 0\n[watch]\nrescan_interval_s = 1\n");
+    // No rescan for ten minutes and no spool event: the daemon looks at free space by itself.
+    let mut env = TestEnv::with_config("[storage]\nmin_free_bytes = 0\n[watch]\nrescan_interval_s = 600\n");
     let _m = mount_tmpfs(&env.root, "8m");
     env.ensure_layout();
     env.start_daemon();

@@ -44,6 +44,10 @@ const RECOVER_PER_TURN: usize = 1000;
 /// `poll_queued_inboxes`).
 const INBOX_POLL: Duration = Duration::from_secs(1);
 const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
+/// Free space under the root is looked at this often besides before every
+/// claim scan, so daemon.json turns `degraded` (and back) within seconds on
+/// an idle daemon too. One statvfs.
+const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -153,6 +157,7 @@ pub struct Daemon {
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
+    next_space_check: Instant,
     low_space: Option<String>,
     stopping: bool,
     watchdog: Option<Duration>,
@@ -267,6 +272,7 @@ impl Daemon {
             spool_backlog: Default::default(),
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
+            next_space_check: Instant::now() + SPACE_CHECK_EVERY,
             low_space: None,
             stopping: false,
             previous_start,
@@ -456,6 +462,7 @@ impl Daemon {
     fn next_wake(&self) -> Instant {
         let mut t = self.next_rescan.min(self.next_retention);
         t = t.min(self.last_report_write + Duration::from_secs(60));
+        t = t.min(self.next_space_check);
         if !self.running.is_empty() || !self.settling.is_empty() || !self.w.is_idle() || self.low_space.is_some() {
             t = t.min(Instant::now() + Duration::from_secs(1));
         }
@@ -526,6 +533,12 @@ impl Daemon {
         if now >= self.next_rescan {
             self.rescan();
         }
+        if now >= self.next_space_check {
+            let was_low = self.low_space.is_some();
+            self.storage_ok();
+            // Space came back: claim what waited, without waiting for the rescan.
+            self.spool_dirty |= was_low && self.low_space.is_none();
+        }
         if now >= self.next_retention {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
@@ -588,6 +601,7 @@ impl Daemon {
     /// Is there room to claim? Below the free-space floor, or with writes
     /// still deferred, the spool is left alone (PROTOCOL §11).
     fn storage_ok(&mut self) -> bool {
+        self.next_space_check = Instant::now() + SPACE_CHECK_EVERY;
         let low = report::space_shortage(&self.layout.root, self.cfg.storage.min_free_bytes);
         match (&self.low_space, &low) {
             (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
