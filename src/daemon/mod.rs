@@ -49,6 +49,10 @@ const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// `poll_queued_inboxes`).
 const INBOX_POLL: Duration = Duration::from_secs(1);
 const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
+/// Free space under the root is looked at this often besides before every
+/// claim scan, so daemon.json turns `degraded` (and back) within seconds on
+/// an idle daemon too. One statvfs.
+const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -121,6 +125,9 @@ pub struct Daemon {
     layout: Layout,
     cfg: Config,
     config_path: Option<PathBuf>,
+    /// The flag or variable that chose the root over the config's `root`
+    /// (`Layout::root_override`), for the SIGHUP report.
+    root_override: Option<String>,
     runner: supervisor::RunnerProgram,
     w: Writer,
     _lock: File,
@@ -152,6 +159,8 @@ pub struct Daemon {
     last_rescan_at: Option<i64>,
     seq: u64,
     report: DaemonStatus,
+    /// Room kept for daemon.json on a full filesystem.
+    reserve: report::Reserve,
     last_report_write: Instant,
     /// Counts changed but were written less than REPORT_EVERY ago.
     report_due: Option<Instant>,
@@ -172,6 +181,7 @@ pub struct Daemon {
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
+    next_space_check: Instant,
     low_space: Option<String>,
     /// Why the root, spool/ or the runs root fails `check_dir_safety` now
     /// (re-checked before every spool scan): nothing is claimed meanwhile.
@@ -190,8 +200,16 @@ pub struct Options {
 
 impl Daemon {
     pub fn start(opts: Options) -> Result<Daemon, StartError> {
+        // Signals become hints for the loop before anything can see this
+        // daemon (daemon.json): a SIGHUP sent as soon as it appears is a
+        // reload, not the signal's default action (exit).
+        let (tx, rx) = channel();
+        forward_signals(tx.clone()).map_err(|e| {
+            StartError::Config(format!("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {e}"))
+        })?;
         let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
+        let root_override = Layout::root_override(opts.root.as_deref());
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
@@ -202,7 +220,6 @@ impl Daemon {
             check_dir_safety(&p)?;
         }
         let lock = take_daemon_lock(&layout)?;
-        let (tx, rx) = channel();
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
                 .map_err(StartError::Config)?;
@@ -223,7 +240,12 @@ impl Daemon {
                 fs_type: watch::fs_type(&layout.root),
                 inotify: crate::cli::inotify_usage(),
             },
-            storage: StorageInfo { state: "ok".into(), reason: None, since: None },
+            storage: StorageInfo {
+                state: "ok".into(),
+                reason: None,
+                since: None,
+                min_free_bytes: Some(cfg.storage.min_free_bytes),
+            },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
         };
@@ -235,11 +257,13 @@ impl Daemon {
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let bridge = bridge::Bridge::new(&cfg, tx.clone());
         let hooks = hooks::Hooks::new(&layout);
+        let reserve = report::Reserve::new(&layout);
         let mut d = Daemon {
             next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
             layout,
             cfg,
             config_path: opts.config,
+            root_override,
             runner: supervisor::RunnerProgram::find(&exe),
             w: Writer::new(),
             _lock: lock,
@@ -261,6 +285,7 @@ impl Daemon {
             last_rescan_at: None,
             seq: 0,
             report,
+            reserve,
             last_report_write: Instant::now(),
             report_due: None,
             spool_dirty: true,
@@ -274,6 +299,7 @@ impl Daemon {
             recovery_unlisted: None,
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
+            next_space_check: Instant::now() + SPACE_CHECK_EVERY,
             low_space: None,
             unsafe_dir: None,
             stopping: false,
@@ -281,6 +307,7 @@ impl Daemon {
             watchdog: report::watchdog_interval(),
             last_watchdog: Instant::now(),
         };
+        d.reserve.ensure();
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
@@ -537,6 +564,7 @@ impl Daemon {
     fn next_wake(&self) -> Instant {
         let mut t = self.next_rescan.min(self.next_retention);
         t = t.min(self.last_report_write + Duration::from_secs(60));
+        t = t.min(self.next_space_check);
         // Other hosts' active runs too: their bridge requests are swept once a second.
         if !self.running.is_empty()
             || !self.foreign.is_empty()
@@ -563,6 +591,9 @@ impl Daemon {
         }
         if let Some(h) = self.hooks.next_wake() {
             t = t.min(h);
+        }
+        if let Some(r) = self.reserve.next_wake() {
+            t = t.min(r);
         }
         if let Some(r) = self.report_due {
             t = t.min(r);
@@ -624,6 +655,12 @@ impl Daemon {
         if now >= self.next_rescan {
             self.rescan();
         }
+        if now >= self.next_space_check {
+            let was_low = self.low_space.is_some();
+            self.storage_ok();
+            // Space came back: claim what waited, without waiting for the rescan.
+            self.spool_dirty |= was_low && self.low_space.is_none();
+        }
         if now >= self.next_retention {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
@@ -647,6 +684,8 @@ impl Daemon {
         self.bridge.turn(&self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
+        // Back after a release once there is room again (tried every 10 s).
+        self.reserve.ensure();
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
         if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
             report::sd_notify("WATCHDOG=1");
@@ -725,15 +764,8 @@ impl Daemon {
     /// Is there room to claim? Below the free-space floor, or with writes
     /// still deferred, the spool is left alone (PROTOCOL §11).
     fn storage_ok(&mut self) -> bool {
-        let min = self.cfg.storage.min_free_bytes;
-        let low = match crate::platform::free_space(&self.layout.root) {
-            Ok((bytes, _)) if bytes < min => Some(format!(
-                "{bytes} bytes free under {}, below storage.min_free_bytes = {min}",
-                self.layout.root.display()
-            )),
-            Ok((_, 0)) => Some(format!("no free inodes under {}", self.layout.root.display())),
-            _ => None,
-        };
+        self.next_space_check = Instant::now() + SPACE_CHECK_EVERY;
+        let low = report::space_shortage(&self.layout.root, self.cfg.storage.min_free_bytes);
         match (&self.low_space, &low) {
             (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
             (Some(_), None) => tracing::info!("storage space back above the floor: claiming resumed"),
@@ -1144,7 +1176,7 @@ impl Daemon {
                 return;
             }
         };
-        let mut changes = new.changes_from(&self.cfg);
+        let mut changes = new.changes_from(&self.cfg, self.root_override.as_deref());
         if changes.is_empty() {
             tracing::info!(config = %file, "configuration reloaded: nothing changed");
             return;
@@ -1179,6 +1211,12 @@ impl Daemon {
         if new.retention_days != self.cfg.retention_days {
             self.next_retention = Instant::now();
         }
+        if new.hooks != self.cfg.hooks {
+            // Hooks apply at once: added hooks are owed by every run active now.
+            let active: Vec<String> =
+                self.queued.iter().chain(self.running.keys()).chain(self.settling.iter()).cloned().collect();
+            self.hooks.reconfigure(&new.hooks, &active);
+        }
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
@@ -1195,8 +1233,10 @@ impl Daemon {
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
         let degraded = self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| self.w.last_error.clone());
+        let min_free_bytes = Some(self.cfg.storage.min_free_bytes);
         r.storage = match degraded {
             Some(reason) => StorageInfo {
+                min_free_bytes,
                 state: "degraded".into(),
                 since: Some(
                     self.report
@@ -1207,7 +1247,7 @@ impl Daemon {
                 ),
                 reason: Some(reason),
             },
-            None => StorageInfo { state: "ok".into(), reason: None, since: None },
+            None => StorageInfo { state: "ok".into(), reason: None, since: None, min_free_bytes },
         };
         if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
             self.report_due = None;
@@ -1229,8 +1269,15 @@ impl Daemon {
         ));
         r.updated_at = crate::now_ms();
         let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
-        if let Err(e) = self.w.write(&self.layout.daemon_json(), bytes, false) {
+        let path = self.layout.daemon_json();
+        if let Err(e) = self.w.write(&path, bytes, false) {
             tracing::warn!(error = %e, "cannot write daemon.json");
+        }
+        // A full filesystem must not keep daemon.json saying `ok`: spend the
+        // reserve on it (docs/watching-and-storage.md).
+        if self.w.pending_for(&path).is_some() && self.reserve.release() {
+            self.w.flush_path(&path);
+            self.reserve.take_back();
         }
         self.report = r;
         self.last_report_write = Instant::now();
@@ -1361,8 +1408,9 @@ fn note_level(changes: &mut [String], remark: &str) {
     }
 }
 
-/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints.
-pub fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
+/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints
+/// (`Daemon::start` does, first thing).
+fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGCHLD])?;
     std::thread::Builder::new().name("signals".into()).spawn(move || {

@@ -28,6 +28,23 @@ pub fn start_identity(pid: u32) -> Option<String> {
     }
 }
 
+/// Is `pid` a zombie (exited, not yet reaped)? It then runs nothing and
+/// needs no signal. False where it cannot be told (no /proc).
+pub fn is_zombie(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        false
+    }
+}
+
 pub fn hostname() -> String {
     nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".to_string())
 }
