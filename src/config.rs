@@ -154,42 +154,72 @@ impl Config {
     }
 
     /// What differs from `old`, one `key old -> new` item per change, for
-    /// the SIGHUP report. Keys that only a restart applies say so.
-    pub fn changes_from(&self, old: &Config) -> Vec<String> {
+    /// the SIGHUP report. Keys that only a restart applies say so; `root`
+    /// says instead that it is ignored when `root_override` (the flag or
+    /// variable that chose the root, see `Layout::root_override`) wins.
+    pub fn changes_from(&self, old: &Config, root_override: Option<&str>) -> Vec<String> {
         let mut out = Vec::new();
-        let mut item = |key: &str, a: String, b: String, restart: bool| {
+        fn item(out: &mut Vec<String>, key: &str, a: String, b: String, restart: bool) {
             if a != b {
                 out.push(format!(
                     "{key} {a} -> {b}{}",
                     if restart { " (applies at the next daemon start)" } else { "" }
                 ));
             }
-        };
+        }
         let root =
             |r: &Option<PathBuf>| r.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into());
-        item("root", root(&old.root), root(&self.root), true);
-        item("max_running", old.max_running.to_string(), self.max_running.to_string(), false);
-        item("retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
-        item("watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
+        if old.root != self.root {
+            let note = match root_override {
+                Some(w) => format!("not applied: {w} wins; the config's root is ignored"),
+                None => "applies at the next daemon start".into(),
+            };
+            out.push(format!("root {} -> {} ({note})", root(&old.root), root(&self.root)));
+        }
+        item(&mut out, "max_running", old.max_running.to_string(), self.max_running.to_string(), false);
+        item(&mut out, "retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
+        item(&mut out, "watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
         item(
+            &mut out,
             "watch.poll_interval_ms",
             old.watch.poll_interval_ms.to_string(),
             self.watch.poll_interval_ms.to_string(),
             true,
         );
         item(
+            &mut out,
             "watch.rescan_interval_s",
             old.watch.rescan_interval_s.to_string(),
             self.watch.rescan_interval_s.to_string(),
             false,
         );
         item(
+            &mut out,
             "storage.min_free_bytes",
             old.storage.min_free_bytes.to_string(),
             self.storage.min_free_bytes.to_string(),
             false,
         );
-        item("log.level", old.log.level.clone(), self.log.level.clone(), false);
+        item(&mut out, "log.level", old.log.level.clone(), self.log.level.clone(), false);
+        for (key, a, b) in [
+            ("hooks.on_complete", &old.hooks.on_complete, &self.hooks.on_complete),
+            ("hooks.on_failure", &old.hooks.on_failure, &self.hooks.on_failure),
+        ] {
+            match (a.is_empty(), b.is_empty()) {
+                (true, false) => out.push(format!("{key} added")),
+                (false, true) => out.push(format!("{key} removed")),
+                _ if a != b => out.push(format!("{key} changed")),
+                _ => {}
+            }
+        }
+        item(
+            &mut out,
+            "hooks.max_parallel",
+            old.hooks.max_parallel.to_string(),
+            self.hooks.max_parallel.to_string(),
+            false,
+        );
+        item(&mut out, "hooks.timeout_s", old.hooks.timeout_s.to_string(), self.hooks.timeout_s.to_string(), false);
         for (name, p) in &self.providers {
             match old.providers.get(name) {
                 None => out.push(format!("providers.{name} added")),
@@ -310,7 +340,7 @@ mod tests {
         let old = Config::parse("max_running = 1\n[providers.a]\ntype = \"slurm\"\n").unwrap();
         let new = Config::parse("max_running = 2\n[log]\nlevel = \"debug\"\n[watch]\nstrategy = \"poll\"\n[providers.b]\ntype = \"slurm\"\n").unwrap();
         assert_eq!(
-            new.changes_from(&old),
+            new.changes_from(&old, None),
             vec![
                 "max_running 1 -> 2",
                 "watch.strategy auto -> poll (applies at the next daemon start)",
@@ -319,7 +349,25 @@ mod tests {
                 "providers.a removed",
             ]
         );
-        assert!(old.changes_from(&old).is_empty());
+        assert!(old.changes_from(&old, None).is_empty());
+    }
+    #[test]
+    fn root_and_hook_changes_are_listed() {
+        let old = Config::parse("[hooks]\non_failure = [\"a\"]\n").unwrap();
+        let new = Config::parse("root = \"/r\"\n[hooks]\non_complete = [\"b\"]\ntimeout_s = 5\n").unwrap();
+        assert_eq!(
+            new.changes_from(&old, None),
+            vec![
+                "root (default) -> /r (applies at the next daemon start)",
+                "hooks.on_complete added",
+                "hooks.on_failure removed",
+                "hooks.timeout_s 60 -> 5",
+            ]
+        );
+        assert_eq!(
+            new.changes_from(&old, Some("--root /x"))[0],
+            "root (default) -> /r (not applied: --root /x wins; the config's root is ignored)"
+        );
     }
     #[test]
     fn providers() {

@@ -533,7 +533,7 @@ fn stop_running_run_via_cli() {
     assert_eq!(st["stopped"], json!(true));
     assert_eq!(st["steps"][0]["status"], "stopped", "{st}");
     wait_until(LONG, "stopped step process gone", || !process_alive(pid));
-    wait_until(LONG, "stop.json consumed", || !env.run_dir(id).join("control/stop.json").exists());
+    wait_until(LONG, "stop request consumed", || list_names(&env.run_dir(id).join("control/stop-requests")).is_empty());
     assert!(env.event_types(id).contains(&"subagent.run.stopped".to_string()));
     let r = env.result(id).unwrap();
     assert_eq!(r["state"], "stopped");

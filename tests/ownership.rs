@@ -256,3 +256,40 @@ fn a_broken_tool_call_alias_root_never_strands_the_active_marker() {
     assert!(env.result_path("alias-1").exists());
     assert_eq!(fs::read(env.active_dir().join("tool-calls")).unwrap(), b"not a directory", "left as it was");
 }
+
+/// A long step keeps its run's `lastUpdate` fresh, so pi-subagents 0.67's
+/// stale-run rule (live pid, lastUpdate over 24 h old) never fails it. The
+/// hourly refresh is shortened here through RUNSPOOL_STATUS_HEARTBEAT_MS.
+#[test]
+fn a_long_step_keeps_last_update_fresh() {
+    let mut env = TestEnv::with_config(FAST);
+    env.extra_env.push(("RUNSPOOL_STATUS_HEARTBEAT_MS".into(), "300".into()));
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("hb-1"), &env.work, vec![sh_step("long", &gate_wait(&gate))]));
+    let first = env.wait_state("hb-1", "running")["lastUpdate"].as_i64().unwrap();
+    let mut seen = vec![first];
+    wait_until(Duration::from_secs(60), "lastUpdate refreshed twice while the step runs", || {
+        let cur = env.status("hb-1").and_then(|s| s["lastUpdate"].as_i64()).unwrap_or(0);
+        if cur > *seen.last().unwrap() {
+            seen.push(cur);
+        }
+        seen.len() >= 3
+    });
+    assert_eq!(env.status("hb-1").unwrap()["steps"][0]["status"], "running");
+    open_gate(&gate);
+    assert_eq!(env.wait_terminal("hb-1")["state"], "complete");
+}
+
+/// PROTOCOL §10: daemon.json is rewritten on every change of its fields,
+/// `lastRescanAt` included, so a client can tell that a rescan happened.
+#[test]
+fn daemon_json_shows_each_rescan() {
+    let mut env = TestEnv::with_config(FAST);
+    env.start_daemon();
+    let at = |env: &TestEnv| read_json(&env.daemon_json()).and_then(|d| d["lastRescanAt"].as_i64()).unwrap_or(0);
+    for _ in 0..3 {
+        let before = at(&env);
+        wait_until(Duration::from_secs(30), "lastRescanAt advances", || at(&env) > before);
+    }
+}

@@ -22,7 +22,7 @@ printf '%s %s\n' "$op" "$input" >> "$E/calls.log"
 field() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
 escape() { sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/	/\\t/g' "$1" | awk '{ printf "%s%sn", $0, "\\" }'; }
 case "$op" in
-start)
+start|follow-up)
     [ -e "$E/start-gate" ] && while [ ! -e "$E/start-gate-open" ]; do sleep 0.05; done
     d=$(mktemp -d "$E/jobs/j.XXXXXX")
     id=${d##*/}
@@ -493,4 +493,99 @@ fn recorded_jobs_are_reattached_mismatches_and_redispatches_refused() {
     assert_eq!(eng.count("start"), 0, "nothing was started");
     assert_eq!(eng.count("reattach"), 1);
     env.check_consistency();
+}
+
+/// A pi-subagents 0.67 `follow-up` bridge request, written into a run as
+/// 0.67's requestExternalJobOperation writes it, is claimed like a start,
+/// served by the command provider as `<command> follow-up` with the followUp
+/// object on stdin, answered with its handle and tombstoned.
+#[test]
+fn follow_up_requests_are_claimed_served_and_tombstoned() {
+    let (mut env, eng) = env_with_engine("");
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("fu-run"), &env.work, vec![sh_step("host", &gate_wait(&gate))]));
+    env.wait_state("fu-run", "running");
+    let dir = env.run_dir("fu-run");
+    let prompt = "echo follow-up-says-hi";
+    let body = json!({
+        "id": "fu-1", "operation": "follow-up", "provider": "engine", "createdAt": now_ms(),
+        "followUp": {
+            "prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work.to_str().unwrap(),
+            "runId": "fu-run", "stepIndex": 0, "agent": "host", "options": {},
+            "sourceRunId": "earlier-run", "sourceStepIndex": 0, "parentProviderJobId": "j.parent",
+            "requestId": "resume-1", "requestDigest": "d1"
+        }
+    });
+    let reqdir = dir.join("external-job-requests");
+    fs::create_dir_all(&reqdir).unwrap();
+    fs::write(reqdir.join(".fu-1.json.tmp"), body.to_string()).unwrap();
+    fs::rename(reqdir.join(".fu-1.json.tmp"), reqdir.join("fu-1.json")).unwrap();
+    let resp = dir.join("external-job-responses/fu-1.json");
+    wait_until(LONG, "follow-up answered", || resp.exists());
+    let r = read_json(&resp).unwrap();
+    assert_eq!(r["ok"], json!(true), "{r}");
+    assert_eq!(r["operation"], "follow-up", "{r}");
+    assert!(r["result"]["providerJobId"].as_str().unwrap().starts_with("j."), "{r}");
+    wait_until(LONG, "claim tombstoned", || reqdir.join("fu-1.claim/completed.json").exists());
+    assert!(reqdir.join("fu-1.claim/handle.json").exists(), "the handle is saved in the claim");
+    assert!(!reqdir.join("fu-1.json").exists(), "the request file is gone");
+    assert_eq!(eng.count("follow-up"), 1, "{:?}", eng.calls());
+    let log = fs::read_to_string(eng.dir.join("calls.log")).unwrap();
+    assert!(log.contains("\"parentProviderJobId\":\"j.parent\""), "the followUp object on stdin: {log}");
+    // Written again (a second servicer, a retry): never dispatched twice.
+    fs::write(reqdir.join("fu-1.json"), body.to_string()).unwrap();
+    wait_until(LONG, "repeated request removed", || !reqdir.join("fu-1.json").exists());
+    assert_eq!(eng.count("follow-up"), 1, "{:?}", eng.calls());
+    open_gate(&gate);
+    env.wait_terminal("fu-run");
+}
+
+/// PROTOCOL §14: the daemon services the bridge requests of runs it did not
+/// launch (a pi-subagents host's, with no host running) for the providers it
+/// has configured, and leaves requests for other providers alone.
+#[test]
+fn bridge_requests_of_another_hosts_run_are_served() {
+    let (mut env, eng) = env_with_engine("");
+    let id = "pi-run-ext";
+    let dir = env.run_dir(id);
+    fs::create_dir_all(dir.join("external-job-requests")).unwrap();
+    let now = now_ms();
+    let st = json!({"runId": id, "sessionId": "pi", "mode": "single", "state": "running", "startedAt": now,
+                    "lastUpdate": now, "pid": std::process::id(), "steps": [{"agent": "a", "status": "running"}]});
+    fs::write(dir.join("status.json"), st.to_string()).unwrap();
+    fs::write(env.active_dir().join(id), b"").unwrap();
+    env.start_daemon();
+    let prompt = "echo from-pi";
+    let put = |name: &str, body: Value| {
+        let reqdir = dir.join("external-job-requests");
+        fs::write(reqdir.join(format!(".{name}.tmp")), body.to_string()).unwrap();
+        fs::rename(reqdir.join(format!(".{name}.tmp")), reqdir.join(format!("{name}.json"))).unwrap();
+    };
+    put(
+        "s1",
+        json!({"id": "s1", "operation": "start", "provider": "engine", "createdAt": now_ms(),
+               "start": {"prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work.to_str().unwrap(),
+                         "runId": id, "stepIndex": 0, "agent": "a", "options": {}}}),
+    );
+    put(
+        "o1",
+        json!({"id": "o1", "operation": "status", "provider": "elsewhere", "providerJobId": "x", "createdAt": now_ms()}),
+    );
+    let resp = dir.join("external-job-responses/s1.json");
+    wait_until(LONG, "the pi run's start answered", || resp.exists());
+    let r = read_json(&resp).unwrap();
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let job = r["result"]["providerJobId"].as_str().unwrap().to_string();
+    put(
+        "q1",
+        json!({"id": "q1", "operation": "status", "provider": "engine", "providerJobId": job, "createdAt": now_ms()}),
+    );
+    wait_until(LONG, "the pi run's status answered", || dir.join("external-job-responses/q1.json").exists());
+    assert_eq!(eng.count("start"), 1);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!dir.join("external-job-responses/o1.json").exists(), "a provider this daemon lacks: left for its host");
+    assert!(dir.join("external-job-requests/o1.json").exists());
+    assert_eq!(read_json(&dir.join("status.json")).unwrap(), st, "the run itself untouched");
+    assert!(env.active_dir().join(id).exists());
 }

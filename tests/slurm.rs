@@ -275,3 +275,62 @@ fn providers_command_checks_sinfo() {
     let text = stdout_str(&out);
     assert!(text.contains("FAILED: providers.slurm: sinfo"), "{}", describe(&out));
 }
+
+/// A pi-subagents 0.67 `follow-up` is a real Slurm job of its own that runs
+/// after its parent: submitted with `--dependency=afterany:<parent>` while
+/// the parent is still known to Slurm, under a name of its own.
+#[test]
+fn follow_up_submits_a_job_that_waits_for_its_parent() {
+    let Some(conf) = cluster() else { return };
+    let (env, _) = slurm_env(&conf);
+    let id = unique_id("slurm-fu");
+    let gate = env.work.join("gate");
+    let req = request(
+        Some(&id),
+        &env.work,
+        vec![parallel(
+            vec![
+                slurm_step(
+                    &format!("#!/bin/sh\nwhile [ ! -e '{}' ]; do sleep 0.2; done\necho parent-done\n", gate.display()),
+                    json!({"partition": "debug", "timeLimit": "00:05:00"}),
+                ),
+                sh_step("host", &gate_wait(&env.work.join("host-gate"))),
+            ],
+            None,
+        )],
+    );
+    env.submit(&req);
+    wait_until(LONG, "the parent job submitted", || {
+        env.status(&id).is_some_and(|s| s["steps"][0]["externalJob"]["providerJobId"].is_string())
+    });
+    let parent = env.status(&id).unwrap()["steps"][0]["externalJob"]["providerJobId"].as_str().unwrap().to_string();
+    let prompt = "#!/bin/sh\necho follow-up-ran\n";
+    let body = json!({
+        "id": "fu-1", "operation": "follow-up", "provider": "slurm", "createdAt": now_ms(),
+        "followUp": {
+            "prompt": prompt, "promptDigest": sha256_hex(prompt.as_bytes()), "cwd": env.work.to_str().unwrap(),
+            "runId": id, "stepIndex": 0, "agent": "hpc", "options": {"partition": "debug", "timeLimit": "00:05:00"},
+            "sourceRunId": id, "sourceStepIndex": 0, "parentProviderJobId": parent,
+            "requestId": "resume-1", "requestDigest": "d1"
+        }
+    });
+    let reqdir = env.run_dir(&id).join("external-job-requests");
+    fs::create_dir_all(&reqdir).unwrap();
+    fs::write(reqdir.join(".fu.tmp"), body.to_string()).unwrap();
+    fs::rename(reqdir.join(".fu.tmp"), reqdir.join("fu-1.json")).unwrap();
+    let resp = env.run_dir(&id).join("external-job-responses/fu-1.json");
+    wait_until(LONG, "the follow-up answered", || resp.exists());
+    let r = read_json(&resp).unwrap();
+    assert_eq!(r["ok"], json!(true), "{r}");
+    let job = r["result"]["providerJobId"].as_str().unwrap().to_string();
+    assert_ne!(job, parent);
+    let show = slurm_cmd(&conf, "scontrol", &["-o", "show", "job", &job]);
+    assert!(show.contains(&format!("afterany:{parent}")), "the follow-up waits for its parent: {show}");
+    assert!(show.contains(&format!("JobName=runspool-{id}-0-fu-")), "{show}");
+    fs::write(&gate, b"").unwrap();
+    wait_until(LONG, "the follow-up job ran after its parent", || {
+        fs::read_to_string(env.run_dir(&id).join(format!("slurm-{job}.out"))).is_ok_and(|o| o.contains("follow-up-ran"))
+    });
+    open_gate(&env.work.join("host-gate"));
+    env.wait_terminal(&id);
+}

@@ -20,6 +20,118 @@ fn read_json(p: &Path) -> Option<Value> {
     serde_json::from_slice(&std::fs::read(p).ok()?).ok()
 }
 
+/// daemon.json is rewritten at least every 60 s (PROTOCOL §10): older than
+/// three such periods while the daemon holds its lock, its loop is not
+/// turning (stopped, stuck, or unable to write anything).
+pub const STALE_AFTER_MS: i64 = 180_000;
+
+/// `runspool status` exit codes (besides 1 for an error).
+pub const EXIT_NOT_RUNNING: i32 = 3;
+pub const EXIT_DEGRADED: i32 = 4;
+pub const EXIT_UNRESPONSIVE: i32 = 5;
+
+/// The daemon's health as the CLI sees it: daemon.json, checked against the
+/// lock, the clock and the filesystem itself.
+struct Health {
+    alive: bool,
+    daemon: Option<Value>,
+    /// How old daemon.json is, when the daemon holds its lock and the file
+    /// is older than `STALE_AFTER_MS`.
+    stale_ms: Option<i64>,
+    /// Candidate requests (`*.json`) in the spool.
+    spool_waiting: usize,
+    storage_state: String,
+    storage_reason: Option<String>,
+}
+
+impl Health {
+    /// `config_min`: the config's `storage.min_free_bytes`, used when
+    /// daemon.json does not name the daemon's own floor.
+    fn read(layout: &Layout, config_min: Option<u64>) -> Health {
+        let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
+        let daemon = read_json(&layout.daemon_json());
+        let d = daemon.as_ref().filter(|_| alive);
+        let stale_ms =
+            d.and_then(|d| d["updatedAt"].as_i64()).map(|u| crate::now_ms() - u).filter(|age| *age > STALE_AFTER_MS);
+        // The CLI's own statvfs: a daemon that could not write `degraded` (a
+        // 100% full disk) must not make a full disk look fine.
+        let min = d.and_then(|d| d["storage"]["minFreeBytes"].as_u64()).or(config_min).unwrap_or(16 << 20);
+        let root = if layout.root.exists() { layout.root.as_path() } else { Path::new("/") };
+        let own = crate::daemon::report::space_shortage(root, min);
+        let daemon_reason = d.and_then(|d| d["storage"]["reason"].as_str()).map(str::to_string);
+        let (storage_state, storage_reason) = match (d.and_then(|d| d["storage"]["state"].as_str()), own) {
+            (Some(s), _) if s != "ok" => (s.to_string(), daemon_reason),
+            (_, Some(why)) => ("degraded".to_string(), Some(why)),
+            (s, None) => (s.unwrap_or("ok").to_string(), daemon_reason),
+        };
+        Health { alive, daemon, stale_ms, spool_waiting: spool_waiting(layout), storage_state, storage_reason }
+    }
+
+    fn running(&self) -> bool {
+        self.alive && self.daemon.is_some()
+    }
+
+    fn pid(&self) -> String {
+        self.daemon.as_ref().map(|d| d["pid"].to_string()).unwrap_or_else(|| "?".into())
+    }
+
+    /// One line on an unresponsive daemon: how old daemon.json is and what waits.
+    fn unresponsive(&self) -> Option<String> {
+        let age = self.stale_ms?;
+        let n = self.spool_waiting;
+        Some(format!(
+            "unresponsive (pid {}): daemon.json was last rewritten {} s ago (it is rewritten at least every 60 s; unresponsive after {} s); {n} request{} waiting in the spool",
+            self.pid(),
+            age / 1000,
+            STALE_AFTER_MS / 1000,
+            if n == 1 { "" } else { "s" },
+        ) + if self.storage_state == "ok" {
+            ""
+        } else {
+            "; storage is degraded, which may be what keeps it from rewriting daemon.json"
+        })
+    }
+
+    fn fix(&self) -> String {
+        let pid = self.pid();
+        format!(
+            "see its log (journalctl --user -u runspool), resume it if it was stopped (kill -CONT {pid}), or restart it (systemctl --user restart runspool, or kill {pid} and start `runspool daemon`)"
+        )
+    }
+
+    fn storage_text(&self) -> String {
+        format!(
+            "{}{}",
+            self.storage_state,
+            self.storage_reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+        )
+    }
+
+    fn exit_code(&self) -> i32 {
+        if !self.running() {
+            EXIT_NOT_RUNNING
+        } else if self.stale_ms.is_some() {
+            EXIT_UNRESPONSIVE
+        } else if self.storage_state != "ok" {
+            EXIT_DEGRADED
+        } else {
+            0
+        }
+    }
+}
+
+/// Requests waiting in the spool: `*.json` entries that are not dot names.
+fn spool_waiting(layout: &Layout) -> usize {
+    let Ok(rd) = std::fs::read_dir(layout.spool()) else { return 0 };
+    rd.flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            !n.starts_with('.') && n.ends_with(".json") && e.file_type().is_ok_and(|t| t.is_file())
+        })
+        .count()
+}
+
 /// Inotify limits and this user's current use (instances and watches),
 /// counted from /proc like `inotify-info` does.
 pub fn inotify_usage() -> Option<Value> {
@@ -78,11 +190,14 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         }
     };
     // Daemon.
-    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-    let dj = read_json(&layout.daemon_json());
-    match (&dj, alive) {
+    let health = Health::read(layout, cfg.as_ref().map(|c| c.storage.min_free_bytes));
+    let dj = health.daemon.clone();
+    match (&dj, health.alive) {
         (Some(d), true) => {
-            checks.push(check("daemon", "ok", format!("running, pid {}", d["pid"])));
+            match health.unresponsive() {
+                Some(why) => checks.push(check("daemon", "fail", format!("{why}; fix: {}", health.fix()))),
+                None => checks.push(check("daemon", "ok", format!("running, pid {}", d["pid"]))),
+            }
             checks.push(check(
                 "watch",
                 "ok",
@@ -93,12 +208,15 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                     d["watch"]["reason"].as_str().unwrap_or("")
                 ),
             ));
-            let storage = d["storage"]["state"].as_str().unwrap_or("?");
-            let level = if storage == "ok" { "ok" } else { "warn" };
+            let level = if health.storage_state == "ok" { "ok" } else { "fail" };
             checks.push(check(
                 "storage",
                 level,
-                format!("{storage}{}", d["storage"]["reason"].as_str().map(|r| format!(": {r}")).unwrap_or_default()),
+                format!(
+                    "{}{}",
+                    health.storage_state,
+                    health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                ),
             ));
         }
         _ => checks.push(check(
@@ -259,17 +377,37 @@ pub fn find_executable(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| ok(&d.join(name))))
 }
 
-/// `runspool status` with no run: the daemon's own status.
+/// `runspool status` with no run: the daemon's own status. Exit codes: 0
+/// healthy, 3 not running, 4 storage degraded, 5 unresponsive.
 pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
-    let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-    let dj = read_json(&layout.daemon_json());
+    let config_min = crate::config::Config::load(None).ok().map(|c| c.storage.min_free_bytes);
+    let h = Health::read(layout, config_min);
+    let code = h.exit_code();
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&json!({"alive": alive, "daemon": dj}))?);
-        return Ok(if alive { 0 } else { 3 });
+        let v = json!({
+            "alive": h.alive,
+            "daemon": h.daemon,
+            "responsive": h.running() && h.stale_ms.is_none(),
+            "staleMs": h.stale_ms,
+            "spoolWaiting": h.spool_waiting,
+            "storage": {"state": h.storage_state, "reason": h.storage_reason},
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(code);
     }
-    match (alive, dj) {
+    match (h.alive, h.daemon.as_ref()) {
         (true, Some(d)) => {
-            println!("daemon    running (pid {}, version {})", d["pid"], d["runspoolVersion"].as_str().unwrap_or("?"));
+            match h.unresponsive() {
+                Some(why) => {
+                    println!("daemon    {why}");
+                    println!("fix       {}", h.fix());
+                }
+                None => println!(
+                    "daemon    running (pid {}, version {})",
+                    d["pid"],
+                    d["runspoolVersion"].as_str().unwrap_or("?")
+                ),
+            }
             println!("root      {}", layout.root.display());
             println!(
                 "watch     {} ({}): {}",
@@ -277,17 +415,13 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
                 d["watch"]["backend"].as_str().unwrap_or("?"),
                 d["watch"]["reason"].as_str().unwrap_or("")
             );
-            println!(
-                "storage   {}{}",
-                d["storage"]["state"].as_str().unwrap_or("?"),
-                d["storage"]["reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default()
-            );
+            println!("storage   {}", h.storage_text());
             println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
-            Ok(0)
+            Ok(code)
         }
         _ => {
             println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
-            Ok(3)
+            Ok(code)
         }
     }
 }

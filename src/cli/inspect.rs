@@ -88,6 +88,10 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         println!("error     {e}");
     }
     println!("dir       {}", layout.run_dir(&id).display());
+    if let Some(r) = &s.runner {
+        let how = r.containment.as_deref().map(|c| format!(", containment {c}")).unwrap_or_default();
+        println!("runner    pid {} on {}{how}", r.pid, r.hostname);
+    }
     for (i, st) in s.steps.iter().enumerate() {
         let code = st.exit_code.map(|c| format!("exit {c}")).unwrap_or_default();
         println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
@@ -179,7 +183,7 @@ pub fn wait(
         } else if let Some(name) = spool_name {
             let stem = name.trim_end_matches(".json");
             let err = layout.rejected().join(format!("{stem}.error.json"));
-            if let Ok(b) = std::fs::read(&err) {
+            if let Ok(b) = fsutil::read_nofollow(&err, 1 << 20) {
                 progress.clear();
                 let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));
                 eprintln!(
@@ -286,14 +290,25 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     if !s.state.is_active() {
         bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
     }
-    let control = RunPaths::control(&layout.run_dir(&id));
-    super::ensure_dir(&control)?;
+    let dir = layout.run_dir(&id);
     let kind = if interrupt { "interrupt" } else { "stop" };
-    let mut body = json!({"type": kind, "ts": crate::now_ms(), "source": "runspool-cli"});
+    let ts = crate::now_ms();
+    let mut body = json!({"type": kind, "ts": ts, "source": "runspool-cli"});
     if let Some(r) = reason {
         body["reason"] = json!(r);
     }
-    let path = control.join(format!("{kind}.json"));
+    // A stop in pi-subagents 0.67's form (control/stop-requests/<ts>-<uuid>.json),
+    // which 0.67 runners and runspool's both consume; an interrupt in the one
+    // form both know, control/interrupt.json.
+    let path = if interrupt {
+        let control = RunPaths::control(&dir);
+        super::ensure_dir(&control)?;
+        control.join("interrupt.json")
+    } else {
+        let inbox = RunPaths::stop_requests(&dir);
+        super::ensure_dir(&inbox)?;
+        inbox.join(crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string()))
+    };
     fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false)
         .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("runspool: asked {id} to {kind} ({})", path.display());
@@ -310,37 +325,23 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
         None => (0..s.steps.len()).collect(),
     };
     if json_out {
-        let v: Vec<serde_json::Value> = steps
-            .iter()
-            .map(|&i| {
-                let path = RunPaths::output(&dir, i);
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                json!({
-                    "step": i, "agent": s.steps[i].agent, "status": s.steps[i].status, "exitCode": s.steps[i].exit_code,
-                    "outputFile": path.display().to_string(), "bytes": bytes.len(),
-                    "output": String::from_utf8_lossy(&bytes),
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
+        return logs_json(&dir, &s, &steps);
     }
     let mut offsets = vec![0u64; s.steps.len()];
     let mut out = std::io::stdout();
     loop {
         for &i in &steps {
             let path = RunPaths::output(&dir, i);
-            let Ok(mut f) = std::fs::File::open(&path) else { continue };
+            // The output is the step's to write: never follow a link or wait on a FIFO there.
+            let Ok(mut f) = fsutil::open_read(&path) else { continue };
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
             if len > offsets[i] {
                 if steps.len() > 1 && !follow {
                     writeln!(out, "==> step {i} ({}) <==", s.steps[i].agent)?;
                 }
                 f.seek(SeekFrom::Start(offsets[i]))?;
-                let mut buf = Vec::new();
-                f.take(len - offsets[i]).read_to_end(&mut buf)?;
-                out.write_all(&buf)?;
-                offsets[i] = len;
+                // Streamed: the output may be far larger than memory.
+                offsets[i] += std::io::copy(&mut f.take(len - offsets[i]), &mut out)?;
             }
         }
         out.flush()?;
@@ -358,12 +359,137 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
 fn follow_tail(dir: &std::path::Path, steps: &[usize], offsets: &mut [u64]) -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     for &i in steps {
-        if let Ok(mut f) = std::fs::File::open(RunPaths::output(dir, i)) {
+        if let Ok(mut f) = fsutil::open_read(&RunPaths::output(dir, i)) {
             f.seek(SeekFrom::Start(offsets[i]))?;
-            let mut buf = Vec::new();
-            f.read_to_end(&mut buf)?;
-            out.write_all(&buf)?;
+            std::io::copy(&mut f, &mut out)?;
         }
     }
     Ok(())
+}
+
+/// `logs --json`: the array of steps, each with its whole output as a JSON
+/// string. The output is streamed into the string (decoded like
+/// `String::from_utf8_lossy`), so memory stays bounded whatever its size; the
+/// rest of each object is small and printed by serde_json around it.
+fn logs_json(dir: &std::path::Path, s: &Status, steps: &[usize]) -> anyhow::Result<i32> {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let mut files = Vec::new();
+    let v: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|&i| {
+            let path = RunPaths::output(dir, i);
+            let f = fsutil::open_read(&path).ok();
+            let bytes = f.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len()).unwrap_or(0);
+            let marker = format!("@@runspool-output-{i}-{nonce}@@");
+            files.push((serde_json::to_string(&marker).unwrap_or_default(), f, bytes));
+            json!({
+                "step": i, "agent": s.steps[i].agent, "status": s.steps[i].status, "exitCode": s.steps[i].exit_code,
+                "outputFile": path.display().to_string(), "bytes": bytes, "output": marker,
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&v)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut rest = text.as_str();
+    for (marker, f, bytes) in files {
+        let Some(at) = rest.find(&marker) else { continue };
+        out.write_all(&rest.as_bytes()[..at])?;
+        match f {
+            Some(f) => write_json_string_lossy(f.take(bytes), &mut out)?,
+            None => out.write_all(b"\"\"")?,
+        }
+        rest = &rest[at + marker.len()..];
+    }
+    out.write_all(rest.as_bytes())?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(0)
+}
+
+/// Write what `r` yields as one JSON string, decoding it as
+/// `String::from_utf8_lossy` would, one bounded chunk at a time.
+fn write_json_string_lossy(mut r: impl Read, out: &mut impl Write) -> std::io::Result<()> {
+    out.write_all(b"\"")?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut carry = 0; // the start of a UTF-8 sequence cut by the previous chunk
+    loop {
+        let n = match r.read(&mut buf[carry..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let (end, eof) = (carry + n, n == 0);
+        let mut text = String::with_capacity(end);
+        let mut start = 0;
+        while start < end {
+            match std::str::from_utf8(&buf[start..end]) {
+                Ok(ok) => {
+                    text.push_str(ok);
+                    start = end;
+                }
+                Err(e) => {
+                    let good = start + e.valid_up_to();
+                    text.push_str(std::str::from_utf8(&buf[start..good]).unwrap_or_default());
+                    match e.error_len() {
+                        Some(bad) => {
+                            text.push('\u{FFFD}');
+                            start = good + bad;
+                        }
+                        // A sequence cut at the end: complete it with the next chunk.
+                        None if !eof => {
+                            start = good;
+                            break;
+                        }
+                        None => {
+                            text.push('\u{FFFD}');
+                            start = end;
+                        }
+                    }
+                }
+            }
+        }
+        let quoted = serde_json::to_string(&text).map_err(std::io::Error::other)?;
+        out.write_all(&quoted.as_bytes()[1..quoted.len() - 1])?;
+        if eof {
+            break;
+        }
+        buf.copy_within(start..end, 0);
+        carry = end - start;
+    }
+    out.write_all(b"\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_json_string_lossy;
+
+    #[test]
+    fn streamed_json_string_matches_from_utf8_lossy() {
+        let mut input = Vec::new();
+        for i in 0..200_000u32 {
+            input.extend_from_slice(["é", "a", "\"", "\n", "€", "😀", "\u{1}"][i as usize % 7].as_bytes());
+            if i % 997 == 0 {
+                input.push(0xff);
+            }
+        }
+        input.extend_from_slice(&"😀".as_bytes()[..2]); // cut at the very end
+        let mut out = Vec::new();
+        write_json_string_lossy(&input[..], &mut out).unwrap();
+        let back: String = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, String::from_utf8_lossy(&input));
+        // Tiny reads cut every sequence.
+        struct Slow<'a>(&'a [u8]);
+        impl std::io::Read for Slow<'_> {
+            fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(b.len()).min(3);
+                b[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let mut out = Vec::new();
+        write_json_string_lossy(Slow(&input[..5000]), &mut out).unwrap();
+        let back: String = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, String::from_utf8_lossy(&input[..5000]));
+    }
 }

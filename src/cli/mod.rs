@@ -65,7 +65,11 @@ To keep it running across logouts and crashes use `runspool service install` ins
     #[command(after_help = "Examples:
   runspool status                 # is the daemon up, how many runs are queued or running
   runspool status 3f2a9c1e        # one run, by a unique prefix of its id
-  runspool status --json <run>    # status.json as written on disk")]
+  runspool status --json <run>    # status.json as written on disk
+
+Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4 its storage is degraded
+(checked by the CLI too, under the root, against storage.min_free_bytes); 5 it is unresponsive
+(daemon.json not rewritten for over 180 s while the daemon holds its lock).")]
     Status {
         /// Run id, or a unique prefix of 8 or more characters
         run: Option<String>,
@@ -140,7 +144,10 @@ install` writes a per-user copy (for another root or config) that overrides it."
     /// Check the root, the daemon, watching, free space, the service and providers
     #[command(after_help = "Examples:
   runspool doctor
-  runspool doctor --json | jq '.checks[] | select(.level != \"ok\")'")]
+  runspool doctor --json | jq '.checks[] | select(.level != \"ok\")'
+
+Exits 1 when a check fails: among others an unresponsive daemon (daemon.json older than 180 s)
+or degraded storage (a full disk, or free space below storage.min_free_bytes).")]
     Doctor {
         /// Config file to check (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
@@ -301,6 +308,7 @@ pub fn main() -> i32 {
         Cmd::Completions { shell } => docs::completions(shell, Cli::command()),
         Cmd::Man { dir } => docs::man(Cli::command(), dir.as_deref()),
         Cmd::Daemon { config } => {
+            crate::platform::close_inherited_fds();
             let level =
                 crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             crate::logging::init(&level, true);
@@ -312,10 +320,6 @@ pub fn main() -> i32 {
                     return 1;
                 }
             };
-            if let Err(e) = crate::daemon::forward_signals(d.sender()) {
-                crate::logging::fatal(&format!("cannot install signal handlers: {e}"));
-                return 1;
-            }
             d.run()
         }
         cmd => {

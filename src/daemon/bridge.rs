@@ -58,6 +58,10 @@ pub struct Bridge {
     retry_at: HashMap<(String, String), Instant>,
     watched: HashSet<String>,
     launched: HashMap<String, bool>,
+    /// Request entries that are not regular files and could not be removed
+    /// (a non-empty directory): answered once, then skipped while the same
+    /// entry (device, inode) stays in place.
+    refused: HashSet<(String, String, u64, u64)>,
 }
 
 impl Bridge {
@@ -84,6 +88,7 @@ impl Bridge {
             retry_at: HashMap::new(),
             watched: HashSet::new(),
             launched: HashMap::new(),
+            refused: HashSet::new(),
         }
     }
 
@@ -91,6 +96,11 @@ impl Bridge {
     pub fn set_providers(&mut self, cfg: &Config) {
         self.providers = providers::build_all(cfg);
         self.next_full = Instant::now();
+    }
+
+    /// The configured provider `name` with its time limit.
+    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
+        self.providers.get(name).cloned()
     }
 
     /// A file event in a run's `external-job-requests/`.
@@ -134,6 +144,7 @@ impl Bridge {
         });
         self.launched.retain(|r, _| running.contains(r));
         self.retry_at.retain(|(r, _), _| running.contains(r));
+        self.refused.retain(|(r, ..)| running.contains(r));
         for run_id in std::mem::take(&mut self.dirty) {
             if !running.contains(&run_id) {
                 continue;
@@ -148,6 +159,23 @@ impl Bridge {
     fn sweep(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
         let dir = layout.run_dir(run_id);
         let reqdir = dir.join(REQUESTS);
+        match fsutil::real_dir(&reqdir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+            Err(e) => {
+                // Debug: a step could otherwise fill the journal once a second.
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+        }
+        // No answer could be written: leave the requests (and the log) alone.
+        match fsutil::real_dir(&dir.join(RESPONSES)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+            _ => {}
+        }
         let rd = match std::fs::read_dir(&reqdir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
@@ -171,6 +199,10 @@ impl Bridge {
                 if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
                     requests.push(stem.to_string());
                 }
+            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                // A claim is a directory of ours; a file or a symlink (to a
+                // directory anywhere) by that name is none: never answered,
+                // never written through.
             } else if let Some(stem) = name.strip_suffix(".claim") {
                 claims.push(stem.to_string());
             } else if name.contains(".claim.tmp-") {
@@ -208,6 +240,9 @@ impl Bridge {
             }
             let path = reqdir.join(format!("{id}.json"));
             let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
+            if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
+                continue;
+            }
             let mtime = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
             let parsed = if !md.is_file() {
                 Err(format!("{} is not a regular file; write requests as regular files", path.display()))
@@ -220,7 +255,7 @@ impl Bridge {
                     Err(_) => continue, // gone meanwhile (another servicer)
                 }
             };
-            let is_start = matches!(&parsed, Ok(r) if r.operation == Operation::Start);
+            let is_start = matches!(&parsed, Ok(r) if r.operation.is_dispatch());
             let created = parsed.as_ref().map(|r| r.created_at).unwrap_or(mtime);
             todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
         }
@@ -257,7 +292,7 @@ impl Bridge {
                 let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
                 let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
-                self.answer_and_remove(dir, id, &op, &prov, Err(f), &path);
+                self.answer_and_remove(run_id, dir, id, &op, &prov, Err(f), &path);
                 return;
             }
         };
@@ -270,18 +305,16 @@ impl Bridge {
                         req.provider, req.provider
                     ),
                 );
-                self.answer_and_remove(dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
+                self.answer_and_remove(run_id, dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
             }
             // Otherwise another host may own the run: its requests are left alone.
             return;
         };
         match req.operation {
-            Operation::Start => self.claim_start(run_id, dir, req, provider, limit),
+            Operation::Start | Operation::FollowUp => self.claim_start(run_id, dir, req, provider, limit),
             _ => {
-                let lock = match File::options().read(true).open(&path) {
-                    Ok(f) => f,
-                    Err(_) => return,
-                };
+                // Swapped for something else since the read: the next sweep sees it.
+                let Ok(lock) = fsutil::open_read(&path) else { return };
                 match fsutil::flock(&lock, true) {
                     Ok(true) => {}
                     _ => return, // another servicer holds it
@@ -308,8 +341,11 @@ impl Bridge {
     }
 
     /// Answer in the loop (no provider involved), then remove the request under its lock.
+    /// Never blocks: the request is opened through `fsutil::open_regular`.
+    #[allow(clippy::too_many_arguments)]
     fn answer_and_remove(
-        &self,
+        &mut self,
+        run_id: &str,
         dir: &Path,
         id: &str,
         op: &str,
@@ -317,12 +353,50 @@ impl Bridge {
         r: Result<Handle, Failure>,
         path: &Path,
     ) {
-        let Ok(lock) = File::options().read(true).open(path) else { return };
+        let lock = match fsutil::open_read(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return self.answer_non_regular(run_id, dir, id, op, provider, r, path)
+            }
+            Err(_) => return,
+        };
         if !matches!(fsutil::flock(&lock, true), Ok(true)) {
             return;
         }
         if respond(dir, id, op, provider, r).is_ok() {
             let _ = fsutil::remove_if_exists(path);
+        }
+    }
+
+    /// A request entry that is not a regular file (FIFO, socket, device,
+    /// symlink, directory) has no lock to take and nothing to read: answer it,
+    /// then unlink it (`rmdir` for a directory, which removes only an empty
+    /// one). What cannot be removed is remembered and not answered again.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_non_regular(
+        &mut self,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+        op: &str,
+        provider: &str,
+        r: Result<Handle, Failure>,
+        path: &Path,
+    ) {
+        let Ok(md) = std::fs::symlink_metadata(path) else { return };
+        if md.is_file() {
+            return; // replaced by a regular file meanwhile: the next sweep reads it
+        }
+        if respond(dir, id, op, provider, r).is_err() {
+            return;
+        }
+        let removed = if md.is_dir() { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
+        if let Err(e) = removed {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(run_id, request = id, path = %path.display(), error = %e,
+                    "cannot remove a bridge request that is not a regular file; answered once, ignored from now on");
+                self.refused.insert((run_id.to_string(), id.to_string(), md.dev(), md.ino()));
+            }
         }
     }
 
@@ -378,7 +452,7 @@ impl Bridge {
             }
         }
         let _ = fsutil::remove_if_exists(&path);
-        tracing::info!(run_id, request = %id, provider = %req.provider, "claimed a start request");
+        tracing::info!(run_id, request = %id, provider = %req.provider, op = req.operation.as_str(), "claimed a dispatch request");
         let key = (run_id.to_string(), id.clone());
         self.inflight.insert(key.clone());
         let work = Work {
@@ -439,10 +513,12 @@ impl Bridge {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let provider_name = creq.as_ref().map(|r| r.provider.clone()).unwrap_or_else(|| "unknown".into());
+        // start or follow-up; 0.67 names the abandonment after it (`<op>-dispatch-abandoned`).
+        let op = creq.as_ref().map(|r| r.operation).filter(|o| o.is_dispatch()).unwrap_or(Operation::Start);
         if let Some(h) = handle {
-            tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "start servicer died after saving the handle: answering with it");
+            tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "dispatch servicer died after saving the handle: answering with it");
             if !dir.join(RESPONSES).join(format!("{id}.json")).exists() {
-                let _ = respond(dir, id, "start", &provider_name, Ok(h));
+                let _ = respond(dir, id, op.as_str(), &provider_name, Ok(h));
             }
             let _ = write_completed(&claim);
             return true;
@@ -458,10 +534,11 @@ impl Bridge {
         let _ = fsutil::write_atomic(&claim.join("owner.json"), &to_json(&owner), true);
         let abandoned = |why: &str| {
             providers::failure(
-                "start-dispatch-abandoned",
+                &format!("{}-dispatch-abandoned", op.as_str()),
                 format!(
-                    "the servicer of start request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a start twice. \
-                     Check the engine for a job of run {run_id} and cancel it if it still runs"
+                    "the servicer of {op} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a {op} twice. \
+                     Check the engine for a job of run {run_id} and cancel it if it still runs",
+                    op = op.as_str()
                 ),
             )
         };
@@ -473,7 +550,7 @@ impl Bridge {
             } else {
                 format!("provider `{provider_name}` is not configured here to look the job up")
             };
-            let _ = respond(dir, id, "start", &provider_name, Err(abandoned(&why)));
+            let _ = respond(dir, id, op.as_str(), &provider_name, Err(abandoned(&why)));
             let _ = write_completed(&claim);
             return true;
         };
@@ -481,7 +558,7 @@ impl Bridge {
         self.inflight.insert(key.clone());
         let work =
             Work { tx: self.tx.clone(), run_id: run_id.into(), dir: dir.to_path_buf(), id: id.into(), provider, limit };
-        let msg = abandoned("the provider finds no job it started for it").message;
+        let msg = abandoned("the provider finds no job it started for it");
         if !spawn_worker(run_id, id, move || work.recover(creq, msg)) {
             self.inflight.remove(&key);
         }
@@ -549,6 +626,7 @@ impl Work {
             request_id: &req.id,
             provider_job_id: req.provider_job_id.as_deref(),
             start: req.start.as_ref(),
+            follow_up: req.follow_up.as_ref(),
             run_dir: &self.dir,
             deadline: Instant::now() + self.limit,
         };
@@ -580,7 +658,7 @@ impl Work {
 
     fn start(self, req: Request) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
-        let r = self.call(Operation::Start, &req, false).map(|h| h.expect("call returns a handle"));
+        let r = self.call(req.operation, &req, false).map(|h| h.expect("call returns a handle"));
         if let Ok(h) = &r {
             // The handle is durable before anyone hears of it (§8.2).
             if let Err(e) = write_retrying(&claim.join("handle.json"), &to_json(h), true) {
@@ -591,29 +669,41 @@ impl Work {
         if let Err(f) = &r {
             tracing::warn!(code = %f.code, detail = %f.message, "external job start failed");
         }
-        let _ = respond(&self.dir, &self.id, "start", &req.provider, r);
+        let _ = respond(&self.dir, &self.id, req.operation.as_str(), &req.provider, r);
         let _ = write_completed(&claim);
         self.finish(false);
     }
 
-    fn recover(self, req: Request, abandoned: String) {
+    fn recover(self, req: Request, abandoned: Failure) {
         let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
-        match self.call(Operation::Start, &req, true) {
+        // The dead servicer's provider process got SIGKILL with it (run_bounded);
+        // what it started that still carries its marks goes too, before the
+        // engine is asked, so nothing submits the job after we looked.
+        let call = Call {
+            op: req.operation,
+            request_id: &req.id,
+            provider_job_id: None,
+            start: req.start.as_ref(),
+            follow_up: req.follow_up.as_ref(),
+            run_dir: &self.dir,
+            deadline: Instant::now() + self.limit,
+        };
+        let marks = self.provider.marks(&call);
+        if !marks.is_empty() && !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
+            tracing::warn!("processes of a dead servicer's start survive SIGKILL; will look again");
+            return self.finish(true);
+        }
+        let op = req.operation;
+        match self.call(op, &req, true) {
             Ok(Some(h)) => {
                 tracing::warn!(job = %h.provider_job_id, "adopted the job a dead servicer had started");
                 let _ = write_retrying(&claim.join("handle.json"), &to_json(&h), true);
-                let _ = respond(&self.dir, &self.id, "start", &req.provider, Ok(h));
+                let _ = respond(&self.dir, &self.id, op.as_str(), &req.provider, Ok(h));
                 let _ = write_completed(&claim);
                 self.finish(false);
             }
             Ok(None) => {
-                let _ = respond(
-                    &self.dir,
-                    &self.id,
-                    "start",
-                    &req.provider,
-                    Err(providers::failure("start-dispatch-abandoned", abandoned)),
-                );
+                let _ = respond(&self.dir, &self.id, op.as_str(), &req.provider, Err(abandoned));
                 let _ = write_completed(&claim);
                 self.finish(false);
             }
@@ -683,6 +773,7 @@ fn respond(dir: &Path, id: &str, op: &str, provider: &str, r: Result<Handle, Fai
     };
     let rdir = dir.join(RESPONSES);
     fsutil::mkdir_private(&rdir)?;
+    fsutil::real_dir(&rdir)?;
     write_retrying(&rdir.join(format!("{id}.json")), &to_json(&resp), false)
 }
 

@@ -15,14 +15,24 @@
 //! Hooks never block the loop: children are polled each turn, at most
 //! `max_parallel` run at once, and one that outlives `timeout_s` gets SIGTERM
 //! to its process group, then SIGKILL 3 s later.
+//!
+//! Bounded across restarts: each running hook is recorded in
+//! `runspool/hooks-running/<runId>` (pid, start identity, deadline). A hook
+//! left running by a previous daemon may finish, but the next daemon kills
+//! its process group at the recorded deadline, once it has checked that the
+//! pid is still that process (its start identity).
+//!
+//! A SIGHUP applies `[hooks]` at once (`reconfigure`).
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +41,11 @@ use crate::protocol::status::{State, Status};
 use crate::store::{fsutil, results, run, Layout};
 
 const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// hook.log keeps at most this many bytes of a run's hook output (stdout and
+/// stderr); the rest is read and discarded, and one line says so
+/// (docs/config.md).
+pub const HOOK_LOG_MAX: u64 = 1024 * 1024;
 
 /// `<runDir>/hook.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -61,6 +76,26 @@ pub fn record_path(run_dir: &Path) -> PathBuf {
     run_dir.join("hook.json")
 }
 
+/// `runspool/hooks-running/<runId>`: what a later daemon needs to keep a
+/// hook it did not start within its time limit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct RunningRecord {
+    run_id: String,
+    pid: u32,
+    start_identity: String,
+    /// Epoch ms: SIGTERM to the process group then, SIGKILL 3 s later.
+    deadline: i64,
+    timeout_s: u64,
+}
+
+/// A hook started by a previous daemon that was still running at our start.
+struct Orphan {
+    rec: RunningRecord,
+    term_sent: Option<Instant>,
+    next_check: Instant,
+}
+
 struct Running {
     run_id: String,
     child: Child,
@@ -72,21 +107,25 @@ struct Running {
 
 pub struct Hooks {
     pending_dir: PathBuf,
+    running_dir: PathBuf,
     /// Tracked runs (mirrors the pending markers; a marker that could not be
     /// written on a full disk still fires from memory).
     tracked: HashSet<String>,
     /// Ended runs waiting for a free hook slot.
     waiting: VecDeque<String>,
     running: Vec<Running>,
+    orphans: Vec<Orphan>,
 }
 
 impl Hooks {
     pub fn new(l: &Layout) -> Hooks {
         Hooks {
             pending_dir: l.daemon_dir().join("hooks-pending"),
+            running_dir: l.daemon_dir().join("hooks-running"),
             tracked: HashSet::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            orphans: Vec::new(),
         }
     }
 
@@ -101,9 +140,29 @@ impl Hooks {
         }
     }
 
+    /// SIGHUP changed `[hooks]`. Hooks now configured are owed by every run
+    /// in `active`; with none configured any more, runs stop owing one.
+    /// Hooks already running keep their own time limit.
+    pub fn reconfigure(&mut self, new: &HookConfig, active: &[String]) {
+        if new.enabled() {
+            for id in active {
+                self.track(new, id);
+            }
+            return;
+        }
+        // Runs that ended but whose hook has not started yet are let go too.
+        let owed: Vec<String> = self.tracked.iter().cloned().collect();
+        for id in owed {
+            self.forget(&id);
+        }
+        self.waiting.clear();
+    }
+
     /// At start: every run with a pending marker is tracked again; those that
-    /// ended while no daemon ran are queued to fire now.
+    /// ended while no daemon ran are queued to fire now. Hooks a previous
+    /// daemon left running are watched until their deadline.
     pub fn recover(&mut self, l: &Layout) {
+        self.recover_running();
         let Ok(rd) = std::fs::read_dir(&self.pending_dir) else { return };
         for e in rd.flatten() {
             let Ok(id) = e.file_name().into_string() else { continue };
@@ -135,12 +194,13 @@ impl Hooks {
     }
 
     pub fn busy(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.orphans.is_empty()
     }
 
     /// Reap finished hooks, enforce time limits, start waiting ones.
     pub fn turn(&mut self, l: &Layout, cfg: &HookConfig) {
         self.reap(l);
+        self.watch_orphans(l);
         while self.running.len() < cfg.max_parallel.max(1) {
             let Some(id) = self.waiting.pop_front() else { break };
             self.fire(l, cfg, &id);
@@ -213,6 +273,7 @@ impl Hooks {
                 record.pid = Some(child.id());
                 let _ = write_record(&dir, &record);
                 tracing::info!(run_id, hook = name, hook_pid = child.id(), "hook started");
+                self.record_running(run_id, child.id(), record.started_at, cfg.timeout_s);
                 let now = Instant::now();
                 self.running.push(Running {
                     run_id: run_id.to_string(),
@@ -276,6 +337,7 @@ impl Hooks {
                     }
                     let _ = write_record(&l.run_dir(&h.run_id), r);
                     let id = h.run_id.clone();
+                    let _ = std::fs::remove_file(self.running_dir.join(&id));
                     self.forget(&id);
                     continue;
                 }
@@ -301,26 +363,163 @@ impl Hooks {
 
     /// How soon the loop should come back for the hooks.
     pub fn next_wake(&self) -> Option<Instant> {
-        if self.running.is_empty() && self.waiting.is_empty() {
+        if self.running.is_empty() && self.waiting.is_empty() && self.orphans.is_empty() {
             return None;
         }
         Some(Instant::now() + Duration::from_millis(200))
     }
 }
 
+impl Hooks {
+    /// Note a started hook in `hooks-running/` so a later daemon can bound it.
+    fn record_running(&self, run_id: &str, pid: u32, started_at: i64, timeout_s: u64) {
+        let Some(start_identity) = crate::platform::start_identity(pid) else {
+            tracing::warn!(run_id, hook_pid = pid, "no start identity for the hook; a later daemon cannot bound it");
+            return;
+        };
+        let rec = RunningRecord {
+            run_id: run_id.to_string(),
+            pid,
+            start_identity,
+            deadline: started_at.saturating_add(timeout_s.saturating_mul(1000) as i64),
+            timeout_s,
+        };
+        let r = fsutil::mkdir_private(&self.running_dir).and_then(|_| {
+            fsutil::write_atomic(
+                &self.running_dir.join(run_id),
+                &serde_json::to_vec(&rec).map_err(io::Error::other)?,
+                false,
+            )
+        });
+        if let Err(e) = r {
+            tracing::warn!(run_id, error = %e, path = %self.running_dir.display(),
+                "cannot record the running hook; should the daemon restart, it cannot be bounded by hooks.timeout_s");
+        }
+    }
+
+    /// At start: hooks a previous daemon left running (their record names a
+    /// live process with the same start identity) are watched until their
+    /// deadline; records of hooks that are gone are removed.
+    fn recover_running(&mut self) {
+        let Ok(rd) = std::fs::read_dir(&self.running_dir) else { return };
+        for e in rd.flatten() {
+            let path = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue; // a temp; sweep_temps owns those
+            }
+            let rec = fsutil::read_nofollow(&path, 64 * 1024)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RunningRecord>(&b).ok())
+                .filter(|r| r.run_id == name && r.pid > 1);
+            match rec {
+                Some(rec) if Orphan::alive(&rec) => {
+                    tracing::info!(run_id = %rec.run_id, hook_pid = rec.pid, deadline = rec.deadline,
+                        "a hook started by the previous daemon still runs; it is killed at its deadline unless it ends first");
+                    self.orphans.push(Orphan { rec, term_sent: None, next_check: Instant::now() });
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+
+    /// Signal orphaned hooks at their deadline; forget those that are gone.
+    fn watch_orphans(&mut self, l: &Layout) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.orphans.len() {
+            let o = &mut self.orphans[i];
+            if now < o.next_check {
+                i += 1;
+                continue;
+            }
+            o.next_check = now + Duration::from_millis(500);
+            let members = Orphan::members(&o.rec);
+            if members.is_empty() {
+                let o = self.orphans.swap_remove(i);
+                if o.term_sent.is_some() {
+                    note_orphan_killed(&l.run_dir(&o.rec.run_id), &o.rec);
+                }
+                let _ = std::fs::remove_file(self.running_dir.join(&o.rec.run_id));
+                continue;
+            }
+            let sig = match o.term_sent {
+                None if crate::now_ms() >= o.rec.deadline => {
+                    tracing::warn!(run_id = %o.rec.run_id, hook_pid = o.rec.pid, timeout_s = o.rec.timeout_s,
+                        "killed an orphaned hook at its deadline (hooks.timeout_s); the daemon restarted while it ran");
+                    o.term_sent = Some(now);
+                    Some(Signal::SIGTERM)
+                }
+                Some(t) if now >= t + KILL_GRACE => Some(Signal::SIGKILL),
+                _ => None,
+            };
+            if let Some(sig) = sig {
+                o.signal(&members, sig);
+            }
+            i += 1;
+        }
+    }
+}
+
+impl Orphan {
+    /// The hook's leader is still the process that was started (same start identity).
+    fn alive(rec: &RunningRecord) -> bool {
+        crate::platform::start_identity(rec.pid).as_deref() == Some(rec.start_identity.as_str())
+            && !crate::platform::is_zombie(rec.pid)
+    }
+
+    /// What is left of the hook: its leader (verified by start identity), or,
+    /// once the leader is gone, the processes still in its process group that
+    /// carry the hook's `RUNSPOOL_RUN_ID`. Empty: nothing left to bound.
+    fn members(rec: &RunningRecord) -> Vec<u32> {
+        if Orphan::alive(rec) {
+            return vec![rec.pid];
+        }
+        crate::platform::run_processes_in_group(rec.pid, &rec.run_id)
+    }
+
+    fn signal(&self, members: &[u32], sig: Signal) {
+        if members == [self.rec.pid] {
+            let _ = killpg(Pid::from_raw(self.rec.pid as i32), sig);
+        } else {
+            for p in members {
+                let _ = nix::sys::signal::kill(Pid::from_raw(*p as i32), sig);
+            }
+        }
+    }
+}
+
+/// The orphaned hook of this run was killed at its deadline: say so in hook.json.
+fn note_orphan_killed(dir: &Path, rec: &RunningRecord) {
+    let Ok(bytes) = fsutil::read_nofollow(&record_path(dir), 1024 * 1024) else { return };
+    let Ok(mut r) = serde_json::from_slice::<HookRecord>(&bytes) else { return };
+    if r.pid != Some(rec.pid) || (r.ended_at.is_some() && r.timed_out) {
+        return;
+    }
+    r.timed_out = true;
+    r.ended_at = Some(crate::now_ms());
+    r.error = Some(format!(
+        "the daemon restarted while the hook ran; killed at its deadline (hooks.timeout_s = {} s)",
+        rec.timeout_s
+    ));
+    let _ = write_record(dir, &r);
+}
+
 fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join("hook.log"))?;
+    // The run directory is the steps' to write: a FIFO planted as hook.log is refused, never waited on.
+    let log = fsutil::open_append(&dir.join("hook.log"))?;
+    // The hook writes into a pipe and a thread copies at most HOOK_LOG_MAX
+    // bytes into hook.log, so a hook that prints without end fills no disk.
+    let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let output = std::fs::File::from(output);
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
         .current_dir(dir)
         .stdin(Stdio::piped())
-        .stdout(log.try_clone()?)
-        .stderr(log)
+        .stdout(input.try_clone()?)
+        .stderr(Stdio::from(input))
         .process_group(0)
         .env("RUNSPOOL_RUN_ID", &s.run_id)
         .env("RUNSPOOL_STATE", s.state.as_str())
@@ -330,7 +529,42 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
     for k in crate::runner::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
-    cmd.spawn()
+    let child = cmd.spawn()?;
+    // Our copies of the pipe's write end must close, or the copier never sees its end.
+    drop(cmd);
+    let path = dir.join("hook.log");
+    std::thread::Builder::new().name("hook-log".into()).spawn(move || copy_capped(output, log, HOOK_LOG_MAX, &path))?;
+    Ok(child)
+}
+
+/// Copy `from` into `to` until `to` holds `max` bytes, then read on and
+/// discard (the writer never blocks on a full pipe), with one line saying so.
+fn copy_capped(mut from: impl io::Read, mut to: std::fs::File, max: u64, path: &Path) {
+    let mut used = to.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut noted = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        let keep = n.min(max.saturating_sub(used) as usize);
+        if keep > 0 {
+            if let Err(e) = to.write_all(&buf[..keep]) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write hook output; discarding the rest");
+                used = max;
+                noted = true;
+            } else {
+                used += keep as u64;
+            }
+        }
+        if keep < n && !noted {
+            noted = true;
+            let _ = writeln!(to, "\n[runspool: hook output past {max} bytes discarded]");
+        }
+    }
 }
 
 /// Create hook.json only if it does not exist. Ok(false): it already did.

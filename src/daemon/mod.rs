@@ -3,6 +3,7 @@
 //! and reports. Everything it knows is on disk; a restart rebuilds the rest.
 
 pub mod bridge;
+pub mod dead_runner;
 pub mod hooks;
 pub mod report;
 pub mod retention;
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::protocol::request::{Context, Request};
+use crate::protocol::request::Context;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
@@ -39,11 +40,19 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 const CLAIMS_PER_TURN: usize = 256;
 /// Run directories checked per loop turn after start-up (`recover_slice`).
 const RECOVER_PER_TURN: usize = 1000;
+/// The first and the longest delay before retrying a runner start that
+/// failed for a transient reason (EAGAIN, ENOMEM, ...).
+const SPAWN_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often the control inboxes of recently queued runs are looked at, and
 /// how long a run stays queued before its inbox is watched instead (see
 /// `poll_queued_inboxes`).
 const INBOX_POLL: Duration = Duration::from_secs(1);
 const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
+/// Free space under the root is looked at this often besides before every
+/// claim scan, so daemon.json turns `degraded` (and back) within seconds on
+/// an idle daemon too. One statvfs.
+const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -116,6 +125,9 @@ pub struct Daemon {
     layout: Layout,
     cfg: Config,
     config_path: Option<PathBuf>,
+    /// The flag or variable that chose the root over the config's `root`
+    /// (`Layout::root_override`), for the SIGHUP report.
+    root_override: Option<String>,
     runner: supervisor::RunnerProgram,
     w: Writer,
     _lock: File,
@@ -124,6 +136,8 @@ pub struct Daemon {
     watch: Watch,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
+    /// Dead runners' processes and external jobs, cleared before their run is repaired.
+    dead_runners: dead_runner::DeadRunners,
     queue: BinaryHeap<Queued>,
     queued: HashSet<String>,
     /// Queued runs whose control inbox is polled, not watched (yet), with
@@ -140,18 +154,38 @@ pub struct Daemon {
     /// Active runs of other hosts (pi-subagents) found in the active index:
     /// read-only to runspool (§14), but their bridge requests are serviced.
     foreign: HashSet<String>,
+    /// When the last rescan ran (daemon.json `lastRescanAt`; `report` holds
+    /// what was last written).
+    last_rescan_at: Option<i64>,
     seq: u64,
     report: DaemonStatus,
+    /// Room kept for daemon.json on a full filesystem.
+    reserve: report::Reserve,
     last_report_write: Instant,
     /// Counts changed but were written less than REPORT_EVERY ago.
     report_due: Option<Instant>,
     spool_dirty: bool,
     watch_failed: Option<String>,
     spool_backlog: std::collections::VecDeque<String>,
+    grace: spool::Grace,
+    /// After a transient runner start failure: no start before this, and the
+    /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
+    spawn_retry_at: Option<Instant>,
+    spawn_backoff: Option<Duration>,
+    /// Committed claims whose queued status could not be written yet, by run
+    /// id (their spool names are gone), retried every `unfinished_retry_at`.
+    unfinished_claims: Vec<String>,
+    unfinished_retry_at: Instant,
+    /// The start-up listing of run directories failed: retry it at this time.
+    recovery_unlisted: Option<Instant>,
     spool_retry_at: Option<Instant>,
     next_rescan: Instant,
     next_retention: Instant,
+    next_space_check: Instant,
     low_space: Option<String>,
+    /// Why the root, spool/ or the runs root fails `check_dir_safety` now
+    /// (re-checked before every spool scan): nothing is claimed meanwhile.
+    unsafe_dir: Option<String>,
     stopping: bool,
     watchdog: Option<Duration>,
     last_watchdog: Instant,
@@ -166,8 +200,16 @@ pub struct Options {
 
 impl Daemon {
     pub fn start(opts: Options) -> Result<Daemon, StartError> {
+        // Signals become hints for the loop before anything can see this
+        // daemon (daemon.json): a SIGHUP sent as soon as it appears is a
+        // reload, not the signal's default action (exit).
+        let (tx, rx) = channel();
+        forward_signals(tx.clone()).map_err(|e| {
+            StartError::Config(format!("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {e}"))
+        })?;
         let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
+        let root_override = Layout::root_override(opts.root.as_deref());
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
@@ -177,17 +219,7 @@ impl Daemon {
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
             check_dir_safety(&p)?;
         }
-        let lock_path = layout.daemon_lock();
-        let lock = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))?;
-        let Some(lock) = lock else {
-            let pid = std::fs::read(layout.daemon_json())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v.get("pid").map(|p| p.to_string()))
-                .unwrap_or_else(|| "unknown".into());
-            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
-        };
-        let (tx, rx) = channel();
+        let lock = take_daemon_lock(&layout)?;
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
                 .map_err(StartError::Config)?;
@@ -208,7 +240,12 @@ impl Daemon {
                 fs_type: watch::fs_type(&layout.root),
                 inotify: crate::cli::inotify_usage(),
             },
-            storage: StorageInfo { state: "ok".into(), reason: None, since: None },
+            storage: StorageInfo {
+                state: "ok".into(),
+                reason: None,
+                since: None,
+                min_free_bytes: Some(cfg.storage.min_free_bytes),
+            },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
         };
@@ -220,11 +257,13 @@ impl Daemon {
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let bridge = bridge::Bridge::new(&cfg, tx.clone());
         let hooks = hooks::Hooks::new(&layout);
+        let reserve = report::Reserve::new(&layout);
         let mut d = Daemon {
             next_rescan: Instant::now() + Duration::from_secs(cfg.watch.rescan_interval_s),
             layout,
             cfg,
             config_path: opts.config,
+            root_override,
             runner: supervisor::RunnerProgram::find(&exe),
             w: Writer::new(),
             _lock: lock,
@@ -233,6 +272,7 @@ impl Daemon {
             watch,
             bridge,
             hooks,
+            dead_runners: Default::default(),
             queue: BinaryHeap::new(),
             queued: HashSet::new(),
             polled_inboxes: VecDeque::new(),
@@ -242,21 +282,32 @@ impl Daemon {
             running: HashMap::new(),
             settling: Vec::new(),
             foreign: HashSet::new(),
+            last_rescan_at: None,
             seq: 0,
             report,
+            reserve,
             last_report_write: Instant::now(),
             report_due: None,
             spool_dirty: true,
             watch_failed: None,
             spool_backlog: Default::default(),
+            grace: Default::default(),
+            spawn_retry_at: None,
+            spawn_backoff: None,
+            unfinished_claims: Vec::new(),
+            unfinished_retry_at: Instant::now(),
+            recovery_unlisted: None,
             spool_retry_at: None,
             next_retention: Instant::now() + Duration::from_secs(3600),
+            next_space_check: Instant::now() + SPACE_CHECK_EVERY,
             low_space: None,
+            unsafe_dir: None,
             stopping: false,
             previous_start,
             watchdog: report::watchdog_interval(),
             last_watchdog: Instant::now(),
         };
+        d.reserve.ensure();
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
@@ -291,8 +342,29 @@ impl Daemon {
             self.recover_run(&id, &mut queued);
         }
         self.adopt_queued(queued);
-        self.recovery_backlog = run_names(&self.layout.runs(), true);
+        self.list_recovery_backlog();
         self.check_running();
+    }
+
+    /// The run directories for `recover_slice`. A listing that fails (EMFILE
+    /// at start-up) is retried every second: a half-claimed run must not wait
+    /// for the next daemon start.
+    fn list_recovery_backlog(&mut self) {
+        match try_run_names(&self.layout.runs(), true) {
+            Ok(names) => {
+                self.recovery_backlog = names;
+                if self.recovery_unlisted.take().is_some() {
+                    self.w.outside_ok();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(runs = %self.layout.runs().display(), error = %e, "cannot list the run directories; retrying every second");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.runs(), &e);
+                }
+                self.recovery_unlisted = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
     }
 
     /// Check the next slice of run directories left by `recover`.
@@ -335,28 +407,19 @@ impl Daemon {
             fsutil::sweep_temps(&dir);
         }
         if spool::is_half_claimed(&dir) {
-            match fsutil::read_nofollow(&RunPaths::request(&dir), 2 * 1024 * 1024)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(req) => match spool::finish_claim(&mut self.w, &self.layout, id, &req) {
-                    Ok(s) => {
-                        tracing::info!(run_id = %id, "finished a half-done claim");
-                        self.hooks.track(&self.cfg.hooks, id);
-                        let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
-                        queued.push(s);
-                    }
-                    Err(e) => tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim"),
-                },
-                Err(e) => {
-                    tracing::error!(run_id = %id, error = %e, "request.json of a half-done claim is unreadable")
-                }
-            }
+            self.finish_half_claim(id, queued);
             return;
         }
         let s = match run::read_status(&dir) {
             Ok(Some(s)) => s,
             Ok(None) => return,
+            Err(e) if is_capacity(&e) => {
+                // No descriptor or space to read it now: look again, never forget the run.
+                tracing::warn!(run_id = %id, error = %e, "cannot read status.json now; retrying every second");
+                self.w.capacity_error(&dir, &e);
+                self.remember_unfinished(id.to_string());
+                return;
+            }
             Err(e) => {
                 tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
                 return;
@@ -364,6 +427,7 @@ impl Daemon {
         };
         match s.state {
             State::Queued => {
+                spool::ensure_queued_event(&mut self.w, &dir, id, s.queue.priority);
                 let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
                 self.hooks.track(&self.cfg.hooks, id);
                 queued.push(s);
@@ -378,6 +442,52 @@ impl Daemon {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
             }
+        }
+    }
+
+    /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
+    /// one that meets a capacity error is remembered and retried every turn.
+    fn finish_half_claim(&mut self, id: &str, queued: &mut Vec<Status>) {
+        let ctx_cfg = self.cfg.clone();
+        match spool::finish_half_claim(&mut self.w, &self.layout, id, &Ctx(&ctx_cfg)) {
+            Ok(Some(s)) => {
+                tracing::info!(run_id = %id, "finished a half-done claim");
+                self.hooks.track(&self.cfg.hooks, id);
+                let _ = spool::mark_claimed(&mut self.w, &self.layout, id);
+                queued.push(s);
+            }
+            Ok(None) => {}
+            Err(e) if is_capacity(&e) => {
+                tracing::warn!(run_id = %id, error = %e, "cannot finish a half-done claim now; retrying every second");
+                self.w.capacity_error(&self.layout.run_dir(id), &e);
+                self.remember_unfinished(id.to_string());
+            }
+            Err(e) => {
+                tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim; the next start tries again")
+            }
+        }
+    }
+
+    fn remember_unfinished(&mut self, id: String) {
+        if !self.unfinished_claims.contains(&id) {
+            self.unfinished_claims.push(id);
+        }
+        self.unfinished_retry_at = Instant::now() + Duration::from_secs(1);
+    }
+
+    /// Retry the claims whose post-commit work (queued status, queued event,
+    /// active marker) met an error (PROTOCOL §2.3, §11: capacity errors never
+    /// strand work). Claiming stays paused until every one is finished.
+    fn retry_unfinished_claims(&mut self) {
+        let mut queued = Vec::new();
+        for id in std::mem::take(&mut self.unfinished_claims) {
+            self.recover_run(&id, &mut queued);
+        }
+        self.adopt_queued(queued);
+        if self.unfinished_claims.is_empty() {
+            tracing::info!("every claim cut short after its commit is finished: claiming resumes");
+            self.w.outside_ok();
+            self.spool_dirty = true;
         }
     }
 
@@ -454,6 +564,7 @@ impl Daemon {
     fn next_wake(&self) -> Instant {
         let mut t = self.next_rescan.min(self.next_retention);
         t = t.min(self.last_report_write + Duration::from_secs(60));
+        t = t.min(self.next_space_check);
         // Other hosts' active runs too: their bridge requests are swept once a second.
         if !self.running.is_empty()
             || !self.foreign.is_empty()
@@ -466,11 +577,23 @@ impl Daemon {
         if let Some(r) = self.spool_retry_at {
             t = t.min(r);
         }
+        if !self.unfinished_claims.is_empty() {
+            t = t.min(self.unfinished_retry_at);
+        }
+        if let Some(r) = self.recovery_unlisted {
+            t = t.min(r);
+        }
+        if let Some(r) = self.spawn_retry_at.filter(|_| !self.queue.is_empty()) {
+            t = t.min(r);
+        }
         if !self.polled_inboxes.is_empty() {
             t = t.min(self.next_inbox_poll);
         }
         if let Some(h) = self.hooks.next_wake() {
             t = t.min(h);
+        }
+        if let Some(r) = self.reserve.next_wake() {
+            t = t.min(r);
         }
         if let Some(r) = self.report_due {
             t = t.min(r);
@@ -518,18 +641,32 @@ impl Daemon {
         if !self.w.is_idle() {
             self.w.flush();
         }
+        if self.recovery_unlisted.is_some_and(|t| now >= t) {
+            self.list_recovery_backlog();
+        }
         if !self.recovery_backlog.is_empty() {
             self.recover_slice();
         }
-        if let Some(why) = self.watch_failed.take() {
+        // A new watcher on a spool that became a symlink would follow it: wait until it is fixed.
+        if self.watch_failed.is_some() && self.dirs_safe() {
+            let why = self.watch_failed.take().unwrap_or_default();
             self.watch.replace(&why);
         }
         if now >= self.next_rescan {
             self.rescan();
         }
+        if now >= self.next_space_check {
+            let was_low = self.low_space.is_some();
+            self.storage_ok();
+            // Space came back: claim what waited, without waiting for the rescan.
+            self.spool_dirty |= was_low && self.low_space.is_none();
+        }
         if now >= self.next_retention {
             retention::sweep(&self.layout, self.cfg.retention_days);
             self.next_retention = now + Duration::from_secs(3600);
+        }
+        if !self.unfinished_claims.is_empty() && now >= self.unfinished_retry_at {
+            self.retry_unfinished_claims();
         }
         if self.spool_retry_at.is_some_and(|t| now >= t) {
             self.spool_dirty = true;
@@ -542,9 +679,13 @@ impl Daemon {
         self.check_running();
         self.mark_claimed();
         self.poll_queued_inboxes();
-        self.bridge.turn(&self.layout, self.running.keys().chain(self.foreign.iter()), &mut self.watch);
+        let held = &self.dead_runners;
+        let bridged = self.running.keys().filter(|id| !held.holds(id)).chain(self.foreign.iter());
+        self.bridge.turn(&self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
+        // Back after a release once there is room again (tried every 10 s).
+        self.reserve.ensure();
         // The watchdog is fed from the loop itself, so a wedged loop gets restarted.
         if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
             report::sd_notify("WATCHDOG=1");
@@ -555,17 +696,22 @@ impl Daemon {
     fn rescan(&mut self) {
         tracing::debug!(queued = self.queued.len(), running = self.running.len(), "periodic rescan");
         self.spool_dirty = true;
-        if self.watch.spool_replaced() {
+        // A spool replaced by a symlink must not get a watcher (inotify follows
+        // links), nor a runs root replaced by one adopt what it points to.
+        let safe = self.dirs_safe();
+        if safe && self.watch.spool_replaced() {
             self.watch.replace("the spool directory was replaced");
         }
         self.next_rescan = Instant::now() + Duration::from_secs(self.cfg.watch.rescan_interval_s);
-        self.report.last_rescan_at = Some(crate::now_ms());
+        self.last_rescan_at = Some(crate::now_ms());
         // Control inboxes of queued runs may have changed unseen.
         let ids: Vec<String> = self.queued.iter().cloned().collect();
         for id in ids {
             self.control_queued(&id);
         }
-        self.scan_active_index();
+        if safe {
+            self.scan_active_index();
+        }
     }
 
     /// Runs of ours started by another path (or lost from memory) show up in
@@ -596,25 +742,37 @@ impl Daemon {
         }
     }
 
+    /// Do the root, spool/ and the runs root still pass the start-up check
+    /// (`check_dir_safety`)? One replaced by a symlink, or loosened, while
+    /// we run is never followed: the error is logged once with the path and
+    /// the fix, daemon.json reports storage `degraded` with it, and nothing
+    /// is claimed until it is fixed. Three lstat calls.
+    fn dirs_safe(&mut self) -> bool {
+        let l = &self.layout;
+        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| check_dir_safety(p).err());
+        match (&self.unsafe_dir, &bad) {
+            (None, Some(e)) => tracing::error!(root = %l.root.display(), "claiming stopped: {e}"),
+            (Some(_), None) => {
+                tracing::info!(root = %l.root.display(), "the root's directories are safe again: claiming resumed")
+            }
+            _ => {}
+        }
+        self.unsafe_dir = bad.map(|e| e.to_string());
+        self.unsafe_dir.is_none()
+    }
+
     /// Is there room to claim? Below the free-space floor, or with writes
     /// still deferred, the spool is left alone (PROTOCOL §11).
     fn storage_ok(&mut self) -> bool {
-        let min = self.cfg.storage.min_free_bytes;
-        let low = match crate::platform::free_space(&self.layout.root) {
-            Ok((bytes, _)) if bytes < min => Some(format!(
-                "{bytes} bytes free under {}, below storage.min_free_bytes = {min}",
-                self.layout.root.display()
-            )),
-            Ok((_, 0)) => Some(format!("no free inodes under {}", self.layout.root.display())),
-            _ => None,
-        };
+        self.next_space_check = Instant::now() + SPACE_CHECK_EVERY;
+        let low = report::space_shortage(&self.layout.root, self.cfg.storage.min_free_bytes);
         match (&self.low_space, &low) {
             (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
             (Some(_), None) => tracing::info!("storage space back above the floor: claiming resumed"),
             _ => {}
         }
         self.low_space = low;
-        self.low_space.is_none() && self.w.is_idle()
+        self.low_space.is_none() && self.w.is_idle() && self.unfinished_claims.is_empty()
     }
 
     /// Claim from the spool. One listing (sorted oldest first) feeds a
@@ -623,12 +781,12 @@ impl Daemon {
     /// scheduler and liveness checks still run in between.
     fn scan_spool(&mut self) {
         self.spool_dirty = false;
-        if !self.storage_ok() {
+        if !self.dirs_safe() || !self.storage_ok() {
             return;
         }
         let fresh = self.spool_backlog.is_empty();
-        if fresh {
-            self.list_spool();
+        if fresh && !self.list_spool() {
+            return; // retried at spool_retry_at
         }
         let mut later = false;
         let mut capacity = false;
@@ -637,7 +795,8 @@ impl Daemon {
         let ctx = Ctx(&ctx_cfg);
         while done < CLAIMS_PER_TURN {
             let Some(name) = self.spool_backlog.pop_front() else { break };
-            let outcome = Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx }.process(&name);
+            let outcome =
+                Claimer { layout: &self.layout, w: &mut self.w, ctx: &ctx, grace: &mut self.grace }.process(&name);
             match outcome {
                 Outcome::Claimed(s) => {
                     done += 1;
@@ -652,6 +811,19 @@ impl Daemon {
                 }
                 Outcome::Rejected => done += 1,
                 Outcome::Later => later |= spool::classify_name(&name) == spool::Name::Candidate,
+                Outcome::Unfinished { run_id, error } => {
+                    tracing::warn!(
+                        run_id = %run_id, request = %name, error = %error,
+                        "claimed, but the queued status could not be written: finishing the run by its directory, claiming paused meanwhile"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&self.layout.run_dir(&run_id), &error);
+                        capacity = true;
+                    }
+                    self.remember_unfinished(run_id);
+                    later = true;
+                    break;
+                }
                 Outcome::Capacity(e) => {
                     tracing::warn!(request = %name, error = %e, "capacity error while claiming: claiming paused until storage recovers");
                     self.w.capacity_error(&self.layout.spool().join(&name), &e);
@@ -662,7 +834,7 @@ impl Daemon {
                 }
             }
         }
-        if !capacity {
+        if !capacity && self.unfinished_claims.is_empty() {
             self.w.outside_ok();
         }
         if !self.spool_backlog.is_empty() && self.w.is_idle() {
@@ -676,8 +848,20 @@ impl Daemon {
         }
     }
 
-    fn list_spool(&mut self) {
-        let Ok(rd) = std::fs::read_dir(self.layout.spool()) else { return };
+    /// List the spool into the backlog; false when it cannot be listed now.
+    fn list_spool(&mut self) -> bool {
+        let rd = match std::fs::read_dir(self.layout.spool()) {
+            Ok(rd) => rd,
+            Err(e) => {
+                // Capacity (EMFILE) or a spool being replaced: list again shortly.
+                tracing::warn!(spool = %self.layout.spool().display(), error = %e, "cannot list the spool; retrying");
+                if is_capacity(&e) {
+                    self.w.capacity_error(&self.layout.spool(), &e);
+                }
+                self.spool_retry_at = Some(Instant::now() + Duration::from_secs(1));
+                return false;
+            }
+        };
         let mut names: Vec<(i64, String)> = Vec::new();
         for e in rd.flatten() {
             let Ok(name) = e.file_name().into_string() else {
@@ -701,7 +885,9 @@ impl Daemon {
         }
         // Oldest first, so claim order follows publication order.
         names.sort();
+        self.grace.retain(&names.iter().map(|(_, n)| n.as_str()).collect());
         self.spool_backlog = names.into_iter().map(|(_, n)| n).collect();
+        true
     }
 
     /// Act on the control inbox of a run that is still queued: it never starts
@@ -712,12 +898,21 @@ impl Daemon {
         }
         let dir = self.layout.run_dir(run_id);
         let control = RunPaths::control(&dir);
-        let Some(file) = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists())
-        else {
+        let legacy = ["stop.json", "timeout.json", "interrupt.json"].into_iter().find(|f| control.join(f).exists());
+        let pending = legacy.is_some() || queued_stop_waiting(&dir);
+        if !pending {
             return;
-        };
+        }
         let Ok(Some(_lock)) = supervisor::take_runner_lock(&dir) else { return };
-        let msg = format!("stopped before it started ({file} in the control inbox)");
+        // 0.67's stop requests: one that names a step of the run is the
+        // runner's to honour (that step is skipped); any other stops the run.
+        let run_stop = if legacy.is_none() { take_run_level_stop(&dir) } else { None };
+        let msg = match (legacy, &run_stop) {
+            (Some(file), _) => format!("stopped before it started ({file} in the control inbox)"),
+            (None, Some(r)) => format!("{} before it started", crate::protocol::control::describe(r, "a stop request")),
+            (None, None) => return,
+        };
+        let file = legacy.unwrap_or("");
         let m2 = msg.clone();
         let now = crate::now_ms();
         let res = results::write_terminal(&mut self.w, &self.layout, run_id, move |cur| {
@@ -747,7 +942,9 @@ impl Daemon {
                     "subagent.run.completed",
                     json!({"status": "stopped", "durationMs": 0, "exitCode": s.exit_code}),
                 );
-                let _ = std::fs::remove_file(control.join(file));
+                if !file.is_empty() {
+                    let _ = std::fs::remove_file(control.join(file));
+                }
                 tracing::info!(run_id, "stopped a queued run");
                 self.hooks.ended(run_id);
             }
@@ -783,6 +980,13 @@ impl Daemon {
                 }
                 Ok(Some(_lock)) => {
                     let r = match run::read_status(&dir) {
+                        Ok(Some(s))
+                            if s.state.is_active() && self.dead_runners.hold_repair(&self.bridge, &dir, &id, &s) =>
+                        {
+                            // Its processes and external jobs are being cleared; the repair follows.
+                            self.running.entry(id).or_insert(Slot { child: None });
+                            continue;
+                        }
                         Ok(Some(s)) if s.state.is_active() => supervisor::repair(&mut self.w, &self.layout, &id),
                         Ok(Some(s)) => supervisor::ensure_published_status(&mut self.w, &self.layout, &s),
                         Ok(None) => Ok(()),
@@ -847,6 +1051,10 @@ impl Daemon {
         if !self.w.is_idle() {
             return;
         }
+        if self.spawn_retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.spawn_retry_at = None;
         while self.running.len() < self.cfg.max_running {
             let Some(q) = self.queue.pop() else { break };
             if !self.queued.remove(&q.run_id) {
@@ -854,26 +1062,54 @@ impl Daemon {
             }
             self.watch.unwatch_control(&q.run_id);
             let dir = self.layout.run_dir(&q.run_id);
-            match supervisor::spawn_runner(&self.runner, &dir) {
+            match self.runner.start(&dir) {
                 Ok(child) => {
                     self.w.outside_ok();
+                    self.spawn_backoff = None;
                     tracing::info!(run_id = %q.run_id, runner_pid = child.id(), "runner started");
                     self.running.insert(q.run_id.clone(), Slot { child: Some(child) });
                 }
-                Err(e) if is_capacity(&e) => {
-                    tracing::warn!(run_id = %q.run_id, error = %e, "cannot start a runner now; will retry");
-                    self.w.capacity_error(&dir, &e);
+                Err(supervisor::SpawnError::Transient { error, message }) => {
+                    // EAGAIN (RLIMIT_NPROC), ENOMEM, a full descriptor table: the run
+                    // stays queued and the start is retried with a growing delay.
+                    let delay = self.spawn_backoff.map_or(SPAWN_RETRY_FIRST, |d| (d * 2).min(SPAWN_RETRY_MAX));
+                    self.spawn_backoff = Some(delay);
+                    self.spawn_retry_at = Some(Instant::now() + delay);
+                    tracing::warn!(
+                        run_id = %q.run_id, runner = %self.runner.describe(), retry_in_ms = delay.as_millis() as u64,
+                        "{message}; the run stays queued and the start is retried"
+                    );
+                    if is_capacity(&error) {
+                        self.w.capacity_error(&dir, &error);
+                    }
                     self.queued.insert(q.run_id.clone());
                     self.poll_inbox(&q.run_id);
                     self.queue.push(q);
                     break;
                 }
-                Err(e) => {
-                    tracing::error!(run_id = %q.run_id, error = %e, "cannot start a runner");
-                    // Leaves the run queued with no runner: the repair path records why.
-                    self.running.insert(q.run_id.clone(), Slot { child: None });
+                Err(supervisor::SpawnError::Permanent { message }) => {
+                    tracing::error!(run_id = %q.run_id, runner = %self.runner.describe(), "{message}; the run fails");
+                    self.fail_unstartable(&q.run_id, &message);
                 }
             }
+        }
+    }
+
+    /// A queued run whose runner cannot be started ends `failed` with the
+    /// reason, which names the errno and the runner program.
+    fn fail_unstartable(&mut self, run_id: &str, message: &str) {
+        let dir = self.layout.run_dir(run_id);
+        match supervisor::take_runner_lock(&dir) {
+            Ok(Some(_lock)) => match supervisor::fail_unstartable(&mut self.w, &self.layout, run_id, message) {
+                Ok(true) => self.hooks.ended(run_id),
+                Ok(false) => {}
+                Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+            },
+            // Some runner holds it after all: the check of running runs watches it.
+            Ok(None) => {
+                self.running.insert(run_id.to_string(), Slot { child: None });
+            }
+            Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
         }
     }
 
@@ -909,6 +1145,7 @@ impl Daemon {
             if now >= since + INBOX_WATCH_AFTER {
                 // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
                 let _ = fsutil::mkdir_private(&control);
+                let _ = fsutil::mkdir_private(&RunPaths::stop_requests(&self.layout.run_dir(&id)));
                 self.watch.watch_control(&id);
                 self.control_queued(&id); // what landed before the watch
                 continue;
@@ -939,7 +1176,7 @@ impl Daemon {
                 return;
             }
         };
-        let mut changes = new.changes_from(&self.cfg);
+        let mut changes = new.changes_from(&self.cfg, self.root_override.as_deref());
         if changes.is_empty() {
             tracing::info!(config = %file, "configuration reloaded: nothing changed");
             return;
@@ -974,6 +1211,12 @@ impl Daemon {
         if new.retention_days != self.cfg.retention_days {
             self.next_retention = Instant::now();
         }
+        if new.hooks != self.cfg.hooks {
+            // Hooks apply at once: added hooks are owed by every run active now.
+            let active: Vec<String> =
+                self.queued.iter().chain(self.running.keys()).chain(self.settling.iter()).cloned().collect();
+            self.hooks.reconfigure(&new.hooks, &active);
+        }
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
@@ -981,6 +1224,7 @@ impl Daemon {
 
     fn write_report(&mut self, force: bool) {
         let mut r = self.report.clone();
+        r.last_rescan_at = self.last_rescan_at;
         if r.watch.backend != self.watch.choice.backend {
             r.watch.inotify = crate::cli::inotify_usage();
         }
@@ -988,9 +1232,11 @@ impl Daemon {
         r.watch.backend = self.watch.choice.backend.into();
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
-        let degraded = self.low_space.clone().or_else(|| self.w.last_error.clone());
+        let degraded = self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| self.w.last_error.clone());
+        let min_free_bytes = Some(self.cfg.storage.min_free_bytes);
         r.storage = match degraded {
             Some(reason) => StorageInfo {
+                min_free_bytes,
                 state: "degraded".into(),
                 since: Some(
                     self.report
@@ -1001,7 +1247,7 @@ impl Daemon {
                 ),
                 reason: Some(reason),
             },
-            None => StorageInfo { state: "ok".into(), reason: None, since: None },
+            None => StorageInfo { state: "ok".into(), reason: None, since: None, min_free_bytes },
         };
         if !force && r.same_as(&self.report) && self.last_report_write.elapsed() < Duration::from_secs(60) {
             self.report_due = None;
@@ -1023,8 +1269,15 @@ impl Daemon {
         ));
         r.updated_at = crate::now_ms();
         let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
-        if let Err(e) = self.w.write(&self.layout.daemon_json(), bytes, false) {
+        let path = self.layout.daemon_json();
+        if let Err(e) = self.w.write(&path, bytes, false) {
             tracing::warn!(error = %e, "cannot write daemon.json");
+        }
+        // A full filesystem must not keep daemon.json saying `ok`: spend the
+        // reserve on it (docs/watching-and-storage.md).
+        if self.w.pending_for(&path).is_some() && self.reserve.release() {
+            self.w.flush_path(&path);
+            self.reserve.take_back();
         }
         self.report = r;
         self.last_report_write = Instant::now();
@@ -1047,15 +1300,105 @@ impl Daemon {
     }
 }
 
+/// How long a busy `daemon.lock` whose recorded holder is gone is retried.
+const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
+
+/// Take `daemon.lock` (PROTOCOL §1: one daemon per root). The lock is opened
+/// `O_CLOEXEC`, yet a child forked by a daemon that was just SIGKILLed (a
+/// runner between fork and exec, a provider or hook being spawned) briefly
+/// shares its open file description and with it the lock. So a busy lock is
+/// refused at once only while the daemon named by daemon.json is alive (same
+/// pid and start identity); when that daemon is gone, or daemon.json names no
+/// one yet, it is retried for `LOCK_HOLDER_GONE_WAIT` before refusing.
+fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
+    let lock_path = layout.daemon_lock();
+    let deadline = Instant::now() + LOCK_HOLDER_GONE_WAIT;
+    let mut waited = false;
+    loop {
+        if let Some(lock) = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))? {
+            if waited {
+                tracing::info!(lock = %lock_path.display(), "daemon.lock released by the children of a dead daemon");
+            }
+            return Ok(lock);
+        }
+        let holder = fsutil::read_nofollow(&layout.daemon_json(), 1024 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let alive = pid.is_some_and(|pid| {
+            let pid = pid as u32;
+            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            crate::platform::pid_alive(pid)
+                && match (recorded, crate::platform::start_identity(pid)) {
+                    (Some(r), Some(now)) => r == now,
+                    _ => true,
+                }
+        });
+        if alive || Instant::now() >= deadline {
+            let pid = pid.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into());
+            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
+        }
+        if !waited {
+            tracing::info!(
+                lock = %lock_path.display(),
+                "daemon.lock is busy but the daemon daemon.json names is gone; waiting for its children to exec"
+            );
+            waited = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Run ids named by the entries of `dir`: its run directories (`dirs`) or its
 /// marker files, dot names (temps, the indexes) left out.
+/// A 0.67 stop request waits in a queued run's `control/stop-requests/`.
+fn queued_stop_waiting(run_dir: &Path) -> bool {
+    std::fs::read_dir(RunPaths::stop_requests(run_dir))
+        .is_ok_and(|mut rd| rd.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
+}
+
+/// For a queued run: take the first stop request (in `ts` order) that stops
+/// the whole run, i.e. names no step of it; requests that name a step stay
+/// for the runner. Invalid requests are removed, as the runner would.
+fn take_run_level_stop(run_dir: &Path) -> Option<crate::protocol::control::StopRequest> {
+    use crate::protocol::control::{parse_stop_request, MAX_STOP_REQUEST_BYTES};
+    let steps = run::read_status(run_dir).ok().flatten().map(|s| s.steps.len()).unwrap_or(0);
+    let dir = RunPaths::stop_requests(run_dir);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
+        .collect();
+    names.sort();
+    for n in names {
+        let p = dir.join(&n);
+        match fsutil::read_nofollow(&p, MAX_STOP_REQUEST_BYTES).ok().and_then(|b| parse_stop_request(&b)) {
+            Some(r) if r.target_index.is_some_and(|t| (t as usize) < steps) => continue,
+            Some(r) => {
+                if std::fs::remove_file(&p).is_ok() {
+                    return Some(r);
+                }
+            }
+            None => {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    None
+}
+
 fn run_names(dir: &Path, dirs: bool) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    rd.flatten()
+    try_run_names(dir, dirs).unwrap_or_default()
+}
+
+fn try_run_names(dir: &Path, dirs: bool) -> std::io::Result<Vec<String>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| if dirs { t.is_dir() } else { t.is_file() }))
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|id| !id.starts_with('.'))
-        .collect()
+        .collect())
 }
 
 /// Append a remark to the `log.level` item of a reload report.
@@ -1065,8 +1408,9 @@ fn note_level(changes: &mut [String], remark: &str) {
     }
 }
 
-/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints.
-pub fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
+/// Forward SIGTERM, SIGINT, SIGHUP and SIGCHLD to the loop as hints
+/// (`Daemon::start` does, first thing).
+fn forward_signals(tx: Sender<Hint>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGCHLD])?;
     std::thread::Builder::new().name("signals".into()).spawn(move || {

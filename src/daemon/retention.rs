@@ -84,7 +84,9 @@ fn remove_run(l: &Layout, s: &Status, marker: &Path) {
 fn remove_leftovers(runs: &Path) {
     let Ok(rd) = std::fs::read_dir(runs) else { return };
     for e in rd.flatten() {
-        if e.file_name().to_string_lossy().starts_with(".deleting-run-") && e.file_type().is_ok_and(|t| t.is_dir()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with(".deleting-run-") || name.starts_with(super::spool::STAGING_PREFIX);
+        if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

@@ -52,12 +52,57 @@ pub enum Outcome {
     Later,
     /// A capacity error: stop claiming until storage recovers.
     Capacity(io::Error),
+    /// Committed (the run directory owns the request) but its queued status
+    /// could not be written: the caller finishes the run by its directory
+    /// (`finish_half_claim`), never by the spool name, which is gone.
+    Unfinished {
+        run_id: String,
+        error: io::Error,
+    },
 }
 
 pub struct Claimer<'a> {
     pub layout: &'a Layout,
     pub w: &'a mut Writer,
     pub ctx: &'a dyn Context,
+    pub grace: &'a mut Grace,
+}
+
+/// When the daemon first saw each unparsable entry in its current form
+/// (device, inode, size, mtime). The 2 s grace for writers still at work
+/// runs from the mtime or from that first sighting, whichever is earlier:
+/// an mtime in the future (a clock skew, a `touch -d`) cannot keep an
+/// unparsable file from its rejection, and the daemon never rereads it
+/// twice a second forever.
+#[derive(Default)]
+pub struct Grace {
+    first_seen: std::collections::HashMap<String, (FileId, std::time::Instant)>,
+}
+
+impl Grace {
+    /// Is the entry `name`, now `id`, still within its grace?
+    fn pending(&mut self, name: &str, id: FileId, mtime_ms: i64) -> bool {
+        let now = std::time::Instant::now();
+        let seen = match self.first_seen.get(name) {
+            Some((prev, at)) if *prev == id => *at,
+            _ => {
+                self.first_seen.insert(name.to_string(), (id, now));
+                now
+            }
+        };
+        let by_mtime = crate::now_ms() - mtime_ms < WRITE_GRACE_MS;
+        let by_sighting = now.duration_since(seen) < std::time::Duration::from_millis(WRITE_GRACE_MS as u64);
+        by_mtime && by_sighting
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.first_seen.remove(name);
+    }
+
+    /// Forget entries no longer in the spool (called with each fresh listing).
+    pub fn retain(&mut self, listed: &std::collections::HashSet<&str>) {
+        self.first_seen.retain(|n, _| listed.contains(n.as_str()));
+    }
 }
 
 fn reject_early(code: &'static str, msg: String) -> Result<(), Rejection> {
@@ -133,7 +178,7 @@ impl Claimer<'_> {
                 return Outcome::Later;
             }
         };
-        let seen = Some(FileId::of(&md));
+        let seen = Some(FileId::at(&path, &md));
         if let Err(r) = check_entry(&path, &md) {
             return self.reject_seen(&path, name, r, None, seen);
         }
@@ -148,7 +193,7 @@ impl Claimer<'_> {
             Err(_) => return Outcome::Later, // replaced or removed meanwhile: look again
         };
         let Ok(fmd) = file.metadata() else { return Outcome::Later };
-        if !FileId::of(&fmd).same(&FileId::of(&md)) {
+        if !FileId::at(&path, &fmd).same(&FileId::at(&path, &md)) {
             return Outcome::Later;
         }
         // Step 3: the writer may still hold it.
@@ -178,12 +223,15 @@ impl Claimer<'_> {
             return self.reject_seen(&path, name, r, None, seen);
         }
         let value = match request::parse(&raw) {
-            Ok(v) => v,
+            Ok(v) => {
+                self.grace.forget(name);
+                v
+            }
             Err(r) => {
-                let age = crate::now_ms() - mtime_ms(&fmd);
-                if age < WRITE_GRACE_MS {
+                if self.grace.pending(name, FileId::at(&path, &fmd), mtime_ms(&fmd)) {
                     return Outcome::Later;
                 }
+                self.grace.forget(name);
                 return self.reject_seen(&path, name, r, None, seen);
             }
         };
@@ -195,11 +243,11 @@ impl Claimer<'_> {
                 return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
             }
         };
-        self.claim(&path, name, file, req)
+        self.claim(&path, name, file, req, &raw)
     }
 
     /// Steps 6 to 8.
-    fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request) -> Outcome {
+    fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request, raw: &[u8]) -> Outcome {
         let Ok(held) = lock.metadata() else { return Outcome::Later };
         let (run_id, generated) = match &req.run_id {
             Some(id) => (id.clone(), false),
@@ -270,8 +318,9 @@ impl Claimer<'_> {
             return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
         }
         // The name may have been replaced between our read and the rename: the
-        // run must own the bytes that were validated, nothing else.
-        if !same_file(&RunPaths::request(&dir), &held) {
+        // run must own the bytes that were validated, nothing else. Where
+        // inode numbers are unstable, identity is only a hint: compare bytes.
+        if !same_file(&RunPaths::request(&dir), &held) || !committed_bytes_are(&RunPaths::request(&dir), &held, raw) {
             tracing::warn!(request = name, run_id = %run_id, "request replaced while being claimed; it gets a fresh look");
             if let Err(e) = republish(&RunPaths::request(&dir), &self.layout.spool(), name) {
                 tracing::error!(request = name, error = %e, "cannot put a replaced request back into the spool");
@@ -288,11 +337,7 @@ impl Claimer<'_> {
         tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
         match finish_claim(self.w, self.layout, &run_id, &req) {
             Ok(s) => Outcome::Claimed(Box::new(s)),
-            Err(e) if is_capacity(&e) => Outcome::Capacity(e),
-            Err(e) => {
-                tracing::error!(run_id = %run_id, error = %e, "claimed but could not write the queued status; the next start finishes it");
-                Outcome::Later
-            }
+            Err(error) => Outcome::Unfinished { run_id, error },
         }
     }
 
@@ -352,9 +397,95 @@ pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> 
     })?
     .expect("status exists after update");
     if s.state.is_active() {
-        run::event(w, &dir, run_id, "subagent.run.queued", json!({"priority": s.queue.priority}));
+        ensure_queued_event(w, &dir, run_id, s.queue.priority);
     }
     Ok(s)
+}
+
+/// Finish a run directory holding `request.json` and no `status.json` (a
+/// claim whose step 8 was cut short by a crash or a capacity error): the
+/// request is validated again with the claim's own validator (G4: a run
+/// never executes bytes that were not validated), then the run is queued;
+/// one that fails validation becomes a `rejected` run with the code and
+/// message (PROTOCOL §2.3). `Ok(None)`: rejected, or nothing left to do.
+pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Context) -> io::Result<Option<Status>> {
+    let dir = l.run_dir(run_id);
+    let path = RunPaths::request(&dir);
+    if RunPaths::status(&dir).exists() {
+        return Ok(None);
+    }
+    let raw = fsutil::read_nofollow(&path, MAX_REQUEST_BYTES + 1)?;
+    let checked = if raw.len() as u64 > MAX_REQUEST_BYTES {
+        Err(Rejection::new("too-large", format!("{} is over {MAX_REQUEST_BYTES} bytes", path.display())))
+    } else {
+        request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)).and_then(|req| match &req.run_id {
+            Some(id) if id != run_id => Err(Rejection::new(
+                "invalid-field",
+                format!(
+                    "field `runId` is `{id}` but the request is in {}; a run's request names its own run",
+                    dir.display()
+                ),
+            )),
+            _ => Ok(req),
+        })
+    };
+    match checked {
+        Ok(req) => finish_claim(w, l, run_id, &req).map(|s| Some(s).filter(|s| s.state.is_active())),
+        Err(r) => {
+            tracing::warn!(
+                run_id,
+                code = r.code,
+                "the request of a half-done claim fails validation: rejected: {}",
+                r.message
+            );
+            let body = serde_json::from_slice::<Value>(&raw).unwrap_or(Value::Null);
+            rejected_run(w, l, run_id, &body, &r)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Append `subagent.run.queued` unless events.jsonl already has it: the
+/// daemon may have died between the queued status and the event (claim, or
+/// a half-claim finished at start), and the event is written once, never
+/// twice. Unlike other events it is not dropped on a capacity error: it
+/// waits in the writer, like the status it follows.
+pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i64) {
+    let (dir, id) = (dir.to_path_buf(), run_id.to_string());
+    let op = move || -> io::Result<()> {
+        let path = RunPaths::events(&dir);
+        // A queued run's events are a line or two: the first MiB holds the queued one if any.
+        match fsutil::read_nofollow(&path, 1024 * 1024) {
+            Ok(raw) => {
+                let has = raw.split(|b| *b == b'\n').any(|line| {
+                    serde_json::from_slice::<Value>(line)
+                        .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("subagent.run.queued"))
+                });
+                if has {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if is_capacity(&e) => return Err(e),
+            Err(e) => {
+                // Not a readable regular file: appending could only duplicate or fail.
+                tracing::warn!(run_id = %id, error = %e, "cannot read {} to check for the queued event", path.display());
+                return Ok(());
+            }
+        }
+        let ev = json!({"type": "subagent.run.queued", "ts": crate::now_ms(), "runId": id, "priority": priority});
+        match fsutil::append_line(&path, &serde_json::to_vec(&ev).unwrap_or_default()) {
+            Err(e) if is_capacity(&e) => Err(e),
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "could not append the queued event to {}", path.display());
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    };
+    if let Err(e) = w.then(format!("queued event {run_id}"), Box::new(op)) {
+        tracing::warn!(run_id, error = %e, "could not write the queued event");
+    }
 }
 
 /// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
@@ -391,35 +522,53 @@ pub fn reject_entry(
     reject_entry_seen(w, l, path, name, r, run, None).map(|_| ())
 }
 
-/// Which file a spool entry is, to notice one replaced under us. FUSE
-/// filesystems may report a different inode number for the same file on
-/// each lookup, so when the inode differs on the same device, an equal size
-/// and mtime (which a rename keeps) count as the same file.
+/// Which file a spool entry is, to notice one replaced under us: device and
+/// inode. FUSE and a few network filesystems may report a different inode
+/// number for the same file on each lookup (`platform::inode_numbers_stable`);
+/// there, and only there, an equal size and mtime (which a rename keeps) count
+/// as the same file, and the claim compares the committed bytes with the
+/// validated ones before the run owns them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileId {
     dev: u64,
     ino: u64,
     size: u64,
     mtime_ns: i128,
+    /// On a filesystem with unstable inode numbers.
+    loose: bool,
 }
 
 impl FileId {
-    pub fn of(md: &std::fs::Metadata) -> FileId {
+    /// The identity of `md`, the metadata of `path`.
+    pub fn at(path: &Path, md: &std::fs::Metadata) -> FileId {
+        let dir = path.parent().unwrap_or(path);
         FileId {
             dev: md.dev(),
             ino: md.ino(),
             size: md.len(),
             mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+            loose: !crate::platform::inode_numbers_stable(dir),
         }
     }
     pub fn same(&self, o: &FileId) -> bool {
-        self.dev == o.dev && (self.ino == o.ino || (self.size == o.size && self.mtime_ns == o.mtime_ns))
+        self.dev == o.dev
+            && (self.ino == o.ino || (self.loose && o.loose && self.size == o.size && self.mtime_ns == o.mtime_ns))
     }
 }
 
 /// Does `path` (not followed) name the same file as `md`?
 fn same_file(path: &Path, md: &std::fs::Metadata) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| FileId::of(&m).same(&FileId::of(md)))
+    std::fs::symlink_metadata(path).is_ok_and(|m| FileId::at(path, &m).same(&FileId::at(path, md)))
+}
+
+/// After the commit: unless `path` is the very inode that was read (same
+/// device and inode number), do its bytes equal the validated `raw`?
+fn committed_bytes_are(path: &Path, held: &std::fs::Metadata, raw: &[u8]) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => true,
+        Ok(_) => fsutil::read_nofollow(path, MAX_REQUEST_BYTES + 1).is_ok_and(|b| b == raw),
+        Err(_) => false,
+    }
 }
 
 /// Put an entry that was replaced under us back into the spool, under its
@@ -475,7 +624,7 @@ fn reject_entry_seen(
     };
     if let Some(id) = seen {
         let now = std::fs::symlink_metadata(&entry)?;
-        if !FileId::of(&now).same(&id) {
+        if !FileId::at(&entry, &now).same(&id) {
             tracing::warn!(request = name, "spool entry replaced while being rejected; it gets a fresh look");
             republish(&entry, &l.spool(), name)?;
             return Ok(false);
@@ -506,6 +655,10 @@ fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection) -> io
     let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
     w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
 }
+
+/// Name prefix of the directories a `rejected` run is built in before it is
+/// renamed into place; leftovers are removed at start (retention's sweep).
+pub const STAGING_PREFIX: &str = ".rejected-run-";
 
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
 fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
@@ -551,22 +704,40 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
     w.then(
         format!("rejected run {run_id}"),
         Box::new(move || {
-            mkdir_private(&dir)?;
-            match run::read_status(&dir)? {
-                Some(cur) if cur.state != State::Rejected => return Ok(()), // not ours to touch
-                Some(_) => {}
-                None => {
-                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
-                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
-                    let mut ev = Writer::new();
-                    run::event(
-                        &mut ev,
-                        &dir,
-                        &run_id,
-                        "subagent.run.rejected",
-                        json!({"code": code, "message": message}),
-                    );
+            match run::read_status(&dir) {
+                Ok(Some(cur)) if !(cur.state == State::Rejected && cur.launched_by_runspool()) => return Ok(()), // not ours to touch
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // Built complete in a dot-named staging directory, then
+                    // renamed into place: a rejected run has no request.json,
+                    // so a temp file left inside its directory by a crash
+                    // could not be told from another host's; a leftover
+                    // staging directory is ours (`STAGING_PREFIX`).
+                    let stage = l.runs().join(format!("{STAGING_PREFIX}{}", uuid::Uuid::new_v4()));
+                    let built = mkdir_private(&stage).and_then(|_| {
+                        let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                        fsutil::write_atomic(&RunPaths::status(&stage), &bytes, true)?;
+                        let mut ev = Writer::new();
+                        run::event(
+                            &mut ev,
+                            &stage,
+                            &run_id,
+                            "subagent.run.rejected",
+                            json!({"code": code, "message": message}),
+                        );
+                        std::fs::rename(&stage, &dir)?;
+                        fsync_dir(&l.runs())
+                    });
+                    if let Err(e) = built {
+                        let _ = std::fs::remove_dir_all(&stage);
+                        // Taken meanwhile (another host's run): not ours to publish.
+                        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+                            return Ok(());
+                        }
+                        return Err(e);
+                    }
                 }
+                Err(e) => return Err(e),
             }
             results::publish_result(&l, &status)?;
             index::mark_terminal(&l, &status)?;
@@ -725,6 +896,24 @@ mod tests {
         assert_eq!(classify_name("-x.json"), Name::Bad);
         assert_eq!(classify_name(&format!("{}.json", "a".repeat(200))), Name::Candidate);
         assert_eq!(classify_name(&format!("{}.json", "a".repeat(201))), Name::Bad);
+    }
+
+    #[test]
+    fn same_size_and_mtime_is_another_file_where_inodes_are_stable() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(crate::platform::inode_numbers_stable(d.path()), "local filesystems keep inode numbers");
+        let (a, b) = (d.path().join("a.json"), d.path().join("b.json"));
+        std::fs::write(&a, "{\"x\":1}").unwrap();
+        std::fs::write(&b, "{\"x\":2}").unwrap();
+        let t =
+            std::fs::FileTimes::new().set_modified(std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 5));
+        for p in [&a, &b] {
+            std::fs::File::options().write(true).open(p).unwrap().set_times(t).unwrap();
+        }
+        let (ma, mb) = (std::fs::metadata(&a).unwrap(), std::fs::metadata(&b).unwrap());
+        assert_eq!((ma.len(), ma.mtime_nsec()), (mb.len(), mb.mtime_nsec()));
+        assert!(!FileId::at(&a, &ma).same(&FileId::at(&b, &mb)), "only dev and inode identify a file here");
+        assert!(FileId::at(&a, &ma).same(&FileId::at(&a, &std::fs::metadata(&a).unwrap())));
     }
 
     #[test]

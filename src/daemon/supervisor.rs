@@ -20,27 +20,137 @@ use crate::store::{index, results, run, Layout, Writer};
 pub struct RunnerProgram {
     pub path: PathBuf,
     subcommand: bool,
+    /// The daemon's own executable: `runspool runner` when the program above
+    /// cannot be started (removed or replaced after the daemon started).
+    daemon_exe: PathBuf,
+}
+
+/// Why a runner could not be started.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// Worth retrying: EAGAIN (RLIMIT_NPROC, no pid free), ENOMEM, ETXTBSY,
+    /// EINTR, or a capacity error. The run stays queued.
+    Transient { error: io::Error, message: String },
+    /// Retrying cannot help: the run fails with `message`.
+    Permanent { message: String },
 }
 
 impl RunnerProgram {
     pub fn find(daemon_exe: &Path) -> RunnerProgram {
         use std::os::unix::fs::PermissionsExt;
         let sibling = daemon_exe.with_file_name("runspool-runner");
+        let daemon_exe = daemon_exe.to_path_buf();
         match std::fs::metadata(&sibling) {
             Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
-                RunnerProgram { path: sibling, subcommand: false }
+                RunnerProgram { path: sibling, subcommand: false, daemon_exe }
             }
-            _ => RunnerProgram { path: daemon_exe.to_path_buf(), subcommand: true },
+            _ => RunnerProgram { path: daemon_exe.clone(), subcommand: true, daemon_exe },
         }
     }
+
+    /// The command line, for messages: `/usr/bin/runspool runner` or `.../runspool-runner`.
+    pub fn describe(&self) -> String {
+        describe(&self.path, self.subcommand)
+    }
+
+    /// Start the runner for `run_dir`. When the program cannot be executed
+    /// because it is gone or no longer executable, the daemon's own binary is
+    /// used instead (`runspool runner`; on Linux `/proc/self/exe` when even
+    /// that path is gone), and from then on.
+    pub fn start(&mut self, run_dir: &Path) -> Result<Child, SpawnError> {
+        let mut candidates = vec![(self.path.clone(), self.subcommand)];
+        if self.path != self.daemon_exe {
+            candidates.push((self.daemon_exe.clone(), true));
+        }
+        #[cfg(target_os = "linux")]
+        candidates.push((PathBuf::from("/proc/self/exe"), true));
+        let mut missing = Vec::new();
+        for (path, subcommand) in candidates {
+            match spawn_runner_program(&path, subcommand, run_dir) {
+                Ok(child) => {
+                    if path != self.path {
+                        tracing::warn!(
+                            runner = %describe(&path, subcommand),
+                            unusable = %missing.join("; "),
+                            "the runner program cannot be started; using the daemon's own binary from now on"
+                        );
+                        (self.path, self.subcommand) = (path, subcommand);
+                    }
+                    return Ok(child);
+                }
+                Err(e) if program_unusable(&e, &path) => {
+                    missing.push(format!("{}: {}", describe(&path, subcommand), errno_text(&e)))
+                }
+                Err(e) => {
+                    let message = format!(
+                        "cannot start the runner `{} {}`: {}",
+                        describe(&path, subcommand),
+                        run_dir.display(),
+                        errno_text(&e)
+                    );
+                    return Err(if is_transient_spawn(&e) {
+                        SpawnError::Transient { error: e, message }
+                    } else {
+                        SpawnError::Permanent {
+                            message: format!("{message}; check the runspool installation and the run directory"),
+                        }
+                    });
+                }
+            }
+        }
+        Err(SpawnError::Permanent {
+            message: format!(
+                "cannot start a runner for {}: {}; reinstall runspool (the daemon's own binary is gone too) and restart the daemon",
+                run_dir.display(),
+                missing.join("; ")
+            ),
+        })
+    }
+}
+
+fn describe(path: &Path, subcommand: bool) -> String {
+    if subcommand {
+        format!("{} runner", path.display())
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// `<strerror> (<ERRNO>)`, e.g. `Resource temporarily unavailable (os error 11) (EAGAIN)`.
+pub fn errno_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => format!("{e} ({:?})", nix::errno::Errno::from_raw(n)),
+        None => e.to_string(),
+    }
+}
+
+fn is_transient_spawn(e: &io::Error) -> bool {
+    fsutil::is_capacity(e)
+        || matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOMEM) | Some(libc::ETXTBSY) | Some(libc::EINTR))
+}
+
+/// Did exec fail because `path` itself is missing or not executable (as
+/// opposed to, say, the run directory that the child changes into)?
+fn program_unusable(e: &io::Error, path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let exec_error =
+        matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EACCES) | Some(libc::ENOEXEC) | Some(libc::ENOTDIR));
+    exec_error
+        && !std::fs::metadata(path).is_ok_and(|m| {
+            m.is_file() && m.permissions().mode() & 0o111 != 0 && e.raw_os_error() != Some(libc::ENOEXEC)
+        })
 }
 
 /// Start the runner for `run_dir` detached: its own session (it calls
 /// setsid), stdio on /dev/null until it opens its logs, none of the service
 /// manager's variables.
 pub fn spawn_runner(runner: &RunnerProgram, run_dir: &Path) -> io::Result<Child> {
-    let mut cmd = Command::new(&runner.path);
-    if runner.subcommand {
+    spawn_runner_program(&runner.path, runner.subcommand, run_dir)
+}
+
+fn spawn_runner_program(program: &Path, subcommand: bool, run_dir: &Path) -> io::Result<Child> {
+    let mut cmd = Command::new(program);
+    if subcommand {
         cmd.arg("runner");
     }
     // Perf: stdio is /dev/null here; the runner opens runner.stdout.log and
@@ -56,6 +166,43 @@ pub fn spawn_runner(runner: &RunnerProgram, run_dir: &Path) -> io::Result<Child>
     // Perf: no pre_exec hook, so std can use posix_spawn (vfork) instead of fork; the
     // runner calls setsid() itself as its first act (runner::main).
     cmd.spawn()
+}
+
+/// End a queued run whose runner cannot be started: `failed`, every step
+/// skipped, `message` (which names the errno and the runner) as its error.
+/// The caller holds runner.lock.
+pub fn fail_unstartable(w: &mut Writer, l: &Layout, run_id: &str, message: &str) -> io::Result<bool> {
+    let now = crate::now_ms();
+    let msg = message.to_string();
+    let s = results::write_terminal(w, l, run_id, move |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        for st in s.steps.iter_mut().filter(|st| matches!(st.status, StepState::Pending | StepState::Running)) {
+            st.status = StepState::Failed;
+            st.exit_code = Some(-1);
+            st.duration_ms = Some(0);
+            st.error = Some("skipped: the runner could not be started".to_string());
+        }
+        s.state = State::Failed;
+        s.ended_at = Some(now);
+        s.error = Some(msg);
+        s.exit_code = Some(1);
+        Some(s)
+    })?;
+    let failed = s.is_some_and(|s| s.state == State::Failed);
+    if failed {
+        let dir = l.run_dir(run_id);
+        run::event(
+            w,
+            &dir,
+            run_id,
+            "subagent.run.completed",
+            json!({"status": "failed", "durationMs": 0, "exitCode": 1}),
+        );
+    }
+    Ok(failed)
 }
 
 /// Take `runner.lock` if no live runner holds it. Holding it proves the
@@ -142,6 +289,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_runner_that_cannot_start_is_reported_with_errno_and_path() {
+        let d = tempfile::tempdir().unwrap();
+        let gone = d.path().join("gone");
+        let mut r =
+            RunnerProgram { path: gone.join("runspool-runner"), subcommand: false, daemon_exe: gone.join("runspool") };
+        // A run directory that does not exist: the program is fine, the chdir fails.
+        let err = r.start(&d.path().join("no-such-run")).unwrap_err();
+        let SpawnError::Permanent { message } = err else { panic!("ENOENT is permanent: {err:?}") };
+        assert!(message.contains("ENOENT"), "{message}");
+        assert!(!message.contains("runner process 0"), "{message}");
+        let e = io::Error::from_raw_os_error(libc::EAGAIN);
+        assert!(is_transient_spawn(&e) && errno_text(&e).contains("EAGAIN"));
+        assert!(!is_transient_spawn(&io::Error::from_raw_os_error(libc::EPERM)));
+    }
+
+    #[test]
     fn runner_program_prefers_the_executable_sibling() {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
@@ -149,6 +312,7 @@ mod tests {
         std::fs::write(&exe, b"").unwrap();
         let r = RunnerProgram::find(&exe);
         assert!(r.subcommand && r.path == exe, "no sibling: `runspool runner`");
+        assert_eq!(r.describe(), format!("{} runner", exe.display()));
         let sibling = d.path().join("runspool-runner");
         std::fs::write(&sibling, b"").unwrap();
         assert!(RunnerProgram::find(&exe).subcommand, "a sibling that is not executable is not used");

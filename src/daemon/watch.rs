@@ -243,13 +243,17 @@ impl Watch {
         }
     }
 
+    /// Watch a queued run's control inbox: `control/` and 0.67's
+    /// `control/stop-requests/` (the caller creates both).
     pub fn watch_control(&mut self, run_id: &str) {
         let d = self.layout.run_dir(run_id).join("control");
         self.add(&d);
+        self.add(&d.join("stop-requests"));
     }
 
     pub fn unwatch_control(&mut self, run_id: &str) {
         let d = self.layout.run_dir(run_id).join("control");
+        self.remove(&d.join("stop-requests"));
         self.remove(&d);
     }
 
@@ -383,8 +387,10 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         }
         return None;
     }
-    if parent.file_name()? == "control" {
-        let run_dir: PathBuf = parent.parent()?.to_path_buf();
+    // control/ itself, or 0.67's control/stop-requests/.
+    let control = if parent.file_name()? == "stop-requests" { parent.parent()? } else { parent };
+    if control.file_name()? == "control" {
+        let run_dir: PathBuf = control.parent()?.to_path_buf();
         if run_dir.parent()? == runs {
             return Some(Hint::Control(run_dir.file_name()?.to_string_lossy().into_owned()));
         }
@@ -428,6 +434,10 @@ mod tests {
         assert!(classify(spool, runs, Path::new("/r/spool/.tmp")).is_none());
         assert!(matches!(
             classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop.json")),
+            Some(Hint::Control(id)) if id == "x"
+        ));
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop-requests/1-u.json")),
             Some(Hint::Control(id)) if id == "x"
         ));
     }

@@ -1,5 +1,7 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
-//! process-group membership.
+//! process-group membership; `procs`: keeping a run's processes contained.
+
+pub mod procs;
 
 use std::ffi::CString;
 use std::io;
@@ -23,6 +25,23 @@ pub fn start_identity(pid: u32) -> Option<String> {
     {
         let _ = pid;
         None
+    }
+}
+
+/// Is `pid` a zombie (exited, not yet reaped)? It then runs nothing and
+/// needs no signal. False where it cannot be told (no /proc).
+pub fn is_zombie(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        false
     }
 }
 
@@ -137,4 +156,63 @@ pub fn free_space(path: &Path) -> io::Result<(u64, u64)> {
 
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("SIG{sig}"))
+}
+
+/// Close every descriptor above 2 this process inherited (a shell's stray
+/// pipe, a jobserver, socket-activation descriptors), so that none is held
+/// open by us or reaches a runner, step, hook or provider. Call it first
+/// thing, before the process opens anything of its own; everything runspool
+/// opens afterwards is close-on-exec (std's default, `fsutil::open_regular`).
+pub fn close_inherited_fds() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: close_range(2) takes plain integers; nothing of ours is open yet.
+        if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } == 0 {
+            return;
+        }
+    }
+    // Older kernels (close_range is Linux 5.9) and macOS: list what is open.
+    let dir = if Path::new("/proc/self/fd").is_dir() { "/proc/self/fd" } else { "/dev/fd" };
+    let listed: Vec<i32> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect(),
+        Err(_) => {
+            // SAFETY: getrlimit writes into the struct we pass.
+            let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+            (3..max.min(65_536) as i32).collect()
+        }
+    };
+    // The listing's own descriptor is closed by now; closing it again is a harmless EBADF.
+    for fd in listed {
+        // SAFETY: closing descriptors we inherited and do not use.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Does the filesystem holding `path` keep a file's inode number for as long
+/// as the file exists? FUSE, SMB/CIFS (with `noserverino`), 9p and vboxsf may
+/// number the same file differently from one lookup to the next; every local
+/// filesystem (ext4, xfs, btrfs, tmpfs, ...) does not. Decided from statfs's
+/// filesystem type; an unknown answer counts as stable, the strict choice
+/// (identity then rests on device and inode alone).
+pub fn inode_numbers_stable(path: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // fuse, smb, smb2, cifs, 9p, vboxsf
+        const UNSTABLE: [u64; 6] = [0x6573_5546, 0x517B, 0xFE53_4D42, 0xFF53_4D42, 0x0102_1997, 0x786F_4256];
+        match nix::sys::statfs::statfs(path) {
+            Ok(s) => !UNSTABLE.contains(&(s.filesystem_type().0 as u64)),
+            Err(_) => true,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        match nix::sys::statfs::statfs(path) {
+            Ok(s) => {
+                let name = s.filesystem_type_name();
+                !(name.contains("fuse") || name == "smbfs" || name == "webdav" || name == "vboxsf")
+            }
+            Err(_) => true,
+        }
+    }
 }

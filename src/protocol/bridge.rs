@@ -20,6 +20,10 @@ pub const MAX_REQUEST_ID: usize = 200;
 #[serde(rename_all = "lowercase")]
 pub enum Operation {
     Start,
+    /// pi-subagents 0.67: a new job continuing a parent job's conversation;
+    /// claimed and tombstoned exactly like a start.
+    #[serde(rename = "follow-up")]
+    FollowUp,
     Status,
     Result,
     Reattach,
@@ -27,9 +31,15 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Start and follow-up dispatch a prompt: claimed, never dispatched twice.
+    pub fn is_dispatch(self) -> bool {
+        matches!(self, Operation::Start | Operation::FollowUp)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Start => "start",
+            Operation::FollowUp => "follow-up",
             Operation::Status => "status",
             Operation::Result => "result",
             Operation::Reattach => "reattach",
@@ -82,6 +92,21 @@ pub struct StartInput {
     pub session_id: Option<String>,
 }
 
+/// The `followUp` object of a follow-up request (pi-subagents 0.67's
+/// `ExternalJobFollowUpInput`): a start input plus the lineage of the job it
+/// follows up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FollowUpInput {
+    #[serde(flatten)]
+    pub start: StartInput,
+    pub source_run_id: String,
+    pub source_step_index: usize,
+    pub parent_provider_job_id: String,
+    pub request_id: String,
+    pub request_digest: String,
+}
+
 /// `<runDir>/external-job-requests/<id>.json`. Unknown fields are ignored so
 /// other writers (pi-subagents) may add their own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +119,8 @@ pub struct Request {
     pub provider_job_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<StartInput>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up: Option<FollowUpInput>,
     pub created_at: i64,
     /// Only in the copy kept in a start claim (`<id>.claim/request.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -329,26 +356,17 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
             let Some(s) = &r.start else {
                 return Err("operation `start` needs a `start` object (PROTOCOL §8.1)".into());
             };
-            if s.prompt.contains('\0') {
-                return Err("field `start.prompt` contains a NUL character; remove it".into());
-            }
-            if s.prompt_digest != digest(&s.prompt) {
-                return Err(format!(
-                    "field `start.promptDigest` is `{}` but the SHA-256 of `start.prompt` is `{}`; write the digest of the prompt as sent",
-                    s.prompt_digest.escape_debug(),
-                    digest(&s.prompt)
-                ));
-            }
-            if !s.cwd.starts_with('/') {
-                return Err(format!("field `start.cwd` is `{}`; it must be an absolute path", s.cwd.escape_debug()));
-            }
-            if s.run_id != run_id {
-                return Err(format!(
-                    "field `start.runId` is `{}` but the request lives in run `{run_id}`; a run may only start its own jobs",
-                    s.run_id.escape_debug()
-                ));
-            }
-            check_str("start.agent", &s.agent, 256)?;
+            check_start("start", s, run_id)?;
+        }
+        Operation::FollowUp => {
+            let Some(f) = &r.follow_up else {
+                return Err("operation `follow-up` needs a `followUp` object (PROTOCOL §8.1)".into());
+            };
+            check_start("followUp", &f.start, run_id)?;
+            check_str("followUp.parentProviderJobId", &f.parent_provider_job_id, MAX_ID)?;
+            check_str("followUp.sourceRunId", &f.source_run_id, MAX_ID)?;
+            check_str("followUp.requestId", &f.request_id, MAX_ID)?;
+            check_str("followUp.requestDigest", &f.request_digest, MAX_ID)?;
         }
         op => match &r.provider_job_id {
             Some(id) => check_str("providerJobId", id, MAX_ID)?,
@@ -358,9 +376,60 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
     Ok(r)
 }
 
+/// The checks shared by a start and a follow-up (`field` names the object).
+fn check_start(field: &str, s: &StartInput, run_id: &str) -> Result<(), String> {
+    if s.prompt.contains('\0') {
+        return Err(format!("field `{field}.prompt` contains a NUL character; remove it"));
+    }
+    if s.prompt_digest != digest(&s.prompt) {
+        return Err(format!(
+            "field `{field}.promptDigest` is `{}` but the SHA-256 of `{field}.prompt` is `{}`; write the digest of the prompt as sent",
+            s.prompt_digest.escape_debug(),
+            digest(&s.prompt)
+        ));
+    }
+    if !s.cwd.starts_with('/') {
+        return Err(format!("field `{field}.cwd` is `{}`; it must be an absolute path", s.cwd.escape_debug()));
+    }
+    if s.run_id != run_id {
+        return Err(format!(
+            "field `{field}.runId` is `{}` but the request lives in run `{run_id}`; a run may only start its own jobs",
+            s.run_id.escape_debug()
+        ));
+    }
+    check_str(&format!("{field}.agent"), &s.agent, 256)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn follow_up_requests_validate() {
+        let fu = |digest_of: &str, parent: &str| {
+            serde_json::json!({
+                "id": "f1", "operation": "follow-up", "provider": "slurm", "createdAt": 1,
+                "followUp": {"prompt": "more", "promptDigest": digest(digest_of), "cwd": "/", "runId": "run",
+                             "stepIndex": 0, "agent": "a", "options": {}, "sourceRunId": "run0", "sourceStepIndex": 1,
+                             "parentProviderJobId": parent, "requestId": "req-1", "requestDigest": "abc"}
+            })
+            .to_string()
+        };
+        let r = parse_request(fu("more", "42").as_bytes(), "f1", "run").unwrap();
+        assert_eq!(r.operation, Operation::FollowUp);
+        assert!(r.operation.is_dispatch());
+        assert_eq!(r.follow_up.as_ref().unwrap().parent_provider_job_id, "42");
+        assert!(parse_request(fu("other", "42").as_bytes(), "f1", "run")
+            .unwrap_err()
+            .contains("followUp.promptDigest"));
+        assert!(parse_request(fu("more", "").as_bytes(), "f1", "run").unwrap_err().contains("parentProviderJobId"));
+        let bare = r#"{"id":"f1","operation":"follow-up","provider":"p","createdAt":1}"#;
+        assert!(parse_request(bare.as_bytes(), "f1", "run").unwrap_err().contains("followUp"));
+        // The followUp object round-trips flat, as 0.67 writes it.
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["followUp"]["prompt"], "more");
+        assert_eq!(v["followUp"]["parentProviderJobId"], "42");
+    }
 
     fn start_req(prompt: &str, digest_of: &str) -> String {
         serde_json::json!({

@@ -1,6 +1,7 @@
 //! Serde types and validation of the on-disk protocol. Pure: no I/O.
 
 pub mod bridge;
+pub mod control;
 pub mod request;
 pub mod seg;
 pub mod status;

@@ -54,6 +54,10 @@ pub struct RunnerInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_identity: Option<String>,
     pub process_instance_id: String,
+    /// How the runner keeps escaped step processes in reach: `subreaper`
+    /// (PR_SET_CHILD_SUBREAPER) or `process-group` (runspool extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

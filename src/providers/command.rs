@@ -30,23 +30,21 @@ impl Provider for CommandProvider {
 
     fn call(&self, c: &Call) -> Result<Handle, ProviderError> {
         let name = &self.name;
-        let input = match (c.op, c.start) {
-            (Operation::Start, Some(s)) => serde_json::to_vec(s).unwrap_or_default(),
-            (Operation::Start, None) => {
+        let input = match (c.op, c.start, c.follow_up) {
+            (Operation::Start, Some(s), _) => serde_json::to_vec(s).unwrap_or_default(),
+            (Operation::Start, None, _) => {
                 return Err(failure("malformed-request", "a start request without its `start` object"))
             }
-            (_, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
+            // `<command...> follow-up` with the followUp object on stdin.
+            (Operation::FollowUp, _, Some(f)) => serde_json::to_vec(f).unwrap_or_default(),
+            (Operation::FollowUp, _, None) => {
+                return Err(failure("malformed-request", "a follow-up request without its `followUp` object"))
+            }
+            (_, _, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
         };
         let mut argv = self.argv.clone();
         argv.push(c.op.as_str().to_string());
-        let run_id = c.run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let envs = [
-            ("RUNSPOOL_PROVIDER", name.clone()),
-            ("RUNSPOOL_OPERATION", c.op.as_str().to_string()),
-            ("RUNSPOOL_BRIDGE_REQUEST_ID", c.request_id.to_string()),
-            ("RUNSPOOL_RUN_ID", run_id),
-            ("RUNSPOOL_RUN_DIR", c.run_dir.display().to_string()),
-        ];
+        let envs = envs(name, c);
         // Room for a 1 MiB output once JSON-escaped, and the handle around it.
         let out = run_bounded(&argv, &input, &envs, c.deadline, 4 * MAX_OUTPUT).map_err(|e| {
             failure(
@@ -105,11 +103,27 @@ impl Provider for CommandProvider {
         }
     }
 
+    fn marks(&self, c: &Call) -> Vec<String> {
+        envs(&self.name, c).iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
     fn check(&self) -> Result<String, String> {
         find_executable(&self.argv[0])
             .map(|p| format!("{} is executable", p.display()))
             .map_err(|e| format!("providers.{}.command[0]: {e}; install it or fix the path", self.name))
     }
+}
+
+/// The variables a provider process gets (docs/external-jobs.md); `marks` finds its leftovers by them.
+fn envs(name: &str, c: &Call) -> [(&'static str, String); 5] {
+    let run_id = c.run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    [
+        ("RUNSPOOL_PROVIDER", name.to_string()),
+        ("RUNSPOOL_OPERATION", c.op.as_str().to_string()),
+        ("RUNSPOOL_BRIDGE_REQUEST_ID", c.request_id.to_string()),
+        ("RUNSPOOL_RUN_ID", run_id),
+        ("RUNSPOOL_RUN_DIR", c.run_dir.display().to_string()),
+    ]
 }
 
 fn stderr_suffix(tail: &str) -> String {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config;
-use crate::protocol::bridge::{Failure, Handle, Operation, StartInput};
+use crate::protocol::bridge::{Failure, FollowUpInput, Handle, Operation, StartInput};
 
 /// One provider operation, as the daemon's bridge hands it over.
 pub struct Call<'a> {
@@ -24,6 +24,8 @@ pub struct Call<'a> {
     pub request_id: &'a str,
     pub provider_job_id: Option<&'a str>,
     pub start: Option<&'a StartInput>,
+    /// The `followUp` object of a follow-up.
+    pub follow_up: Option<&'a FollowUpInput>,
     /// The run directory the request came from (batch scripts and output live there).
     pub run_dir: &'a Path,
     /// The operation must be answered by then; processes still running are killed.
@@ -50,7 +52,7 @@ pub trait Provider: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Run one operation. The handle is validated by the caller.
     fn call(&self, call: &Call) -> Result<Handle, ProviderError>;
-    /// Look up a job that an earlier `start` of this request may already have
+    /// Look up a job that an earlier `start` (or `follow-up`) of this request may already have
     /// submitted (its servicer died before saving the handle). `None` when the
     /// engine has no such job or cannot tell.
     fn find_started(&self, _call: &Call) -> Result<Option<Handle>, ProviderError> {
@@ -58,6 +60,14 @@ pub trait Provider: Send + Sync {
     }
     /// A one-line health check for `runspool providers`.
     fn check(&self) -> Result<String, String>;
+    /// `NAME=value` pairs in the environment of every process this provider
+    /// starts for `call` (and of their descendants, unless they drop them):
+    /// recovery kills what a dead servicer's call left with them before it
+    /// decides that a start was abandoned. Empty: none are set (Slurm, whose
+    /// `sbatch` would hand them to the job itself).
+    fn marks(&self, _call: &Call) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 pub type Providers = BTreeMap<String, (Arc<dyn Provider>, Duration)>;
@@ -110,7 +120,10 @@ pub struct Output {
 
 /// Run `argv` in its own process group with `stdin`, capturing at most
 /// `max_stdout` bytes of stdout and the tail of stderr. At the deadline the
-/// whole process group is killed (SIGKILL) and `timed_out` is set.
+/// whole process group is killed (SIGKILL) and `timed_out` is set. The child
+/// never outlives the daemon: it gets SIGKILL when the calling thread exits
+/// (PR_SET_PDEATHSIG), and this function does not return before it is
+/// reaped, so only the daemon's death can end that thread first.
 pub fn run_bounded(
     argv: &[String],
     stdin: &[u8],
@@ -125,6 +138,11 @@ pub fn run_bounded(
     }
     for (k, v) in envs {
         cmd.env(k, v);
+    }
+    let parent = std::process::id();
+    // SAFETY: `die_with_parent` makes only async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || crate::platform::procs::die_with_parent(parent));
     }
     let mut child = cmd.spawn()?;
     let pgid = child.id();

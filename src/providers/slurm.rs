@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::{failure, run_bounded, tail_text, Call, Provider, ProviderError};
-use crate::protocol::bridge::{Handle, JobState, Operation, StartInput, MAX_OUTPUT};
+use crate::protocol::bridge::{digest, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT};
 
 pub struct Slurm {
     name: String,
@@ -53,6 +53,12 @@ pub fn map_state(raw: &str) -> Option<JobState> {
 /// `runspool-<runId>-<stepIndex>`: the deterministic job name of a step.
 pub fn job_name(run_id: &str, step_index: usize) -> String {
     format!("runspool-{run_id}-{step_index}")
+}
+
+/// A follow-up's job: its step's name plus a digest of the follow-up request
+/// id, so each follow-up has a name of its own to be found by after a crash.
+pub fn follow_up_job_name(f: &FollowUpInput) -> String {
+    format!("{}-fu-{}", job_name(&f.start.run_id, f.start.step_index), &digest(&f.request_id)[..12])
 }
 
 fn option_token(key: &str, v: &Value) -> Result<String, ProviderError> {
@@ -321,12 +327,45 @@ impl Slurm {
     }
 
     fn start(&self, c: &Call, s: &StartInput) -> Result<Handle, ProviderError> {
+        self.submit(c, s, &job_name(&s.run_id, s.step_index), &script_path(c.run_dir, s.step_index), None)
+    }
+
+    /// A follow-up is a job of its own, run after its parent ends: submitted
+    /// with `--dependency=afterany:<parent>` while Slurm still knows the
+    /// parent (pending or running), at once otherwise.
+    fn follow_up(&self, c: &Call, f: &FollowUpInput) -> Result<Handle, ProviderError> {
+        let parent = &f.parent_provider_job_id;
+        if !parent.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(failure(
+                "malformed-request",
+                format!("followUp.parentProviderJobId `{parent}` is not a Slurm job id (digits only)"),
+            ));
+        }
+        let (ok, out, _) =
+            self.run("squeue", &["-h".into(), "-j".into(), parent.clone(), "-o".into(), "%i".into()], c.deadline)?;
+        let active = ok && out.lines().any(|l| l.trim() == parent);
+        let name = follow_up_job_name(f);
+        let script =
+            c.run_dir.join(format!("external-job-{}-fu-{}.sbatch", f.start.step_index, &digest(&f.request_id)[..12]));
+        let dep = active.then(|| format!("--dependency=afterany:{parent}"));
+        self.submit(c, &f.start, &name, &script, dep)
+    }
+
+    /// Submit `s.prompt` as batch job `name` (adopting a job of that name an
+    /// earlier attempt already submitted).
+    fn submit(
+        &self,
+        c: &Call,
+        s: &StartInput,
+        name: &str,
+        script: &Path,
+        extra: Option<String>,
+    ) -> Result<Handle, ProviderError> {
         let flags = sbatch_flags(&s.options)?;
-        let name = job_name(&s.run_id, s.step_index);
-        if let Some(h) = self.adopt(c, s)? {
+        if let Some(h) = self.adopt(c, name)? {
             return Ok(h);
         }
-        let script = script_path(c.run_dir, s.step_index);
+        let script = script.to_path_buf();
         let mut body = s.prompt.clone();
         if !body.starts_with("#!") {
             body = format!("#!/bin/sh\n{body}");
@@ -349,6 +388,7 @@ impl Slurm {
             format!("--chdir={}", s.cwd),
             format!("--output={}", c.run_dir.join("slurm-%j.out").display()),
         ];
+        args.extend(extra);
         args.extend(flags);
         args.push(script.display().to_string());
         let (ok, out, err) = self.run("sbatch", &args, c.deadline)?;
@@ -374,10 +414,9 @@ impl Slurm {
         Ok(Handle::new(id, JobState::Queued))
     }
 
-    /// The job an earlier start of this step already submitted, if any.
-    fn adopt(&self, c: &Call, s: &StartInput) -> Result<Option<Handle>, ProviderError> {
-        let name = job_name(&s.run_id, s.step_index);
-        let jobs = self.find_by_name(&name, c.deadline)?;
+    /// The job an earlier start (or follow-up) already submitted as `name`, if any.
+    fn adopt(&self, c: &Call, name: &str) -> Result<Option<Handle>, ProviderError> {
+        let jobs = self.find_by_name(name, c.deadline)?;
         let Some(j) = jobs.first() else { return Ok(None) };
         tracing::warn!(provider = %self.name, job = %j.id, job_name = %name, "adopting a Slurm job submitted earlier for this step instead of submitting again");
         // A job Slurm no longer tracks closely still gets a handle with the state it reported.
@@ -425,6 +464,10 @@ impl Provider for Slurm {
         match (c.op, c.start) {
             (Operation::Start, Some(s)) => self.start(c, s),
             (Operation::Start, None) => Err(failure("malformed-request", "a start request without its `start` object")),
+            (Operation::FollowUp, _) => match c.follow_up {
+                Some(f) => self.follow_up(c, f),
+                None => Err(failure("malformed-request", "a follow-up request without its `followUp` object")),
+            },
             (Operation::Status | Operation::Reattach, _) => self.known(c),
             (Operation::Result, _) => self.result(c),
             (Operation::Cancel, _) => self.cancel(c),
@@ -432,9 +475,10 @@ impl Provider for Slurm {
     }
 
     fn find_started(&self, c: &Call) -> Result<Option<Handle>, ProviderError> {
-        match c.start {
-            Some(s) => self.adopt(c, s),
-            None => Ok(None),
+        match (c.start, c.follow_up) {
+            (Some(s), _) if c.op == Operation::Start => self.adopt(c, &job_name(&s.run_id, s.step_index)),
+            (_, Some(f)) if c.op == Operation::FollowUp => self.adopt(c, &follow_up_job_name(f)),
+            _ => Ok(None),
         }
     }
 
@@ -480,7 +524,8 @@ fn parse_scontrol(out: &str) -> Vec<JobInfo> {
 
 fn read_tail(path: &Path, max: usize) -> std::io::Result<String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
+    // The job's output file is the job's to write: never block on a FIFO there.
+    let mut f = crate::store::fsutil::open_read(path)?;
     let len = f.metadata()?.len();
     if len > max as u64 {
         f.seek(SeekFrom::Start(len - max as u64))?;

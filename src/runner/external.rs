@@ -570,6 +570,7 @@ impl Driver {
             provider: self.provider.clone(),
             provider_job_id: job_id,
             start: (op == Operation::Start).then(|| self.start.clone()),
+            follow_up: None,
             created_at: crate::now_ms(),
             claimed_at: None,
         };

@@ -5,10 +5,8 @@
 mod external;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::OpenOptions;
 use std::io::{Read as _, Write as _};
 use std::os::fd::AsFd as _;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -21,7 +19,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::protocol::request::{Item, Request, Step};
+use crate::protocol::request::{self, Context, Item, Rejection, Request, Step, MAX_REQUEST_BYTES};
 use crate::protocol::status::{RunnerInfo, State, Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
@@ -88,6 +86,12 @@ pub struct Runner {
     wake: UnixStream,
     halt: Option<Halt>,
     halt_reason: String,
+    /// When a running run's status is rewritten next only to refresh
+    /// `lastUpdate` (see `HEARTBEAT`).
+    next_heartbeat: Instant,
+    /// Steps a stop request named by `targetIndex` (0.67): reason, and
+    /// whether the step's processes were signalled already.
+    step_stop: BTreeMap<usize, (String, bool)>,
     run_deadline: Instant,
     step_timed_out: bool,
     previous_output: Option<String>,
@@ -100,6 +104,8 @@ pub struct Runner {
 pub fn main(run_dir: &Path) -> i32 {
     // Detach into a session of our own (the daemon spawns us without a pre_exec hook).
     let _ = nix::unistd::setsid();
+    // Nothing the runner was started with beyond stdio reaches its steps.
+    crate::platform::close_inherited_fds();
     // Whatever the runner prints lands in its logs, a panic before `open_logs` included.
     let dir = run_dir.to_path_buf();
     let default_hook = std::panic::take_hook();
@@ -127,13 +133,8 @@ fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         for (name, fd) in [("runner.stdout.log", libc::STDOUT_FILENO), ("runner.stderr.log", libc::STDERR_FILENO)] {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(dir.join(name));
-            if let Ok(f) = f {
+            // A FIFO or link a step planted in place of a log is refused without blocking.
+            if let Ok(f) = fsutil::open_append(&dir.join(name)) {
                 // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
                 let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
             }
@@ -164,9 +165,27 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             RunPaths::request(&dir).display()
         )
     })?;
-    let req: Request =
-        serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{}: {e}", RunPaths::request(&dir).display()))?;
     let mut w = Writer::new();
+    // Before any step exists: every orphan among the steps' descendants (a
+    // `setsid`'d or double-forked grandchild) is re-parented to us, so it can
+    // be found and killed when its step ends (`contain`).
+    let containment = if crate::platform::procs::become_subreaper() { "subreaper" } else { "process-group" };
+    // G4: run only bytes that pass the claim's own validator, read once here.
+    let req = match validate_request(&raw) {
+        Ok(req) => req,
+        Err(r) => {
+            let message = format!(
+                "{} fails validation, so nothing was run: {}: {}; submit a new, valid request",
+                RunPaths::request(&dir).display(),
+                r.code,
+                r.message
+            );
+            open_logs(&dir);
+            crate::note!("{message}");
+            fail_unvalidated(&mut w, &layout, &dir, &message)?;
+            return Ok(1);
+        }
+    };
     let now = crate::now_ms();
     let pid = std::process::id();
     let mut started = None;
@@ -184,6 +203,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             hostname: crate::platform::hostname(),
             start_identity: crate::platform::start_identity(pid),
             process_instance_id: uuid::Uuid::new_v4().to_string(),
+            containment: Some(containment.to_string()),
         });
         started = Some(s.clone());
         Some(s)
@@ -213,6 +233,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         wake,
         halt: None,
         halt_reason: String::new(),
+        next_heartbeat: Instant::now() + heartbeat(),
+        step_stop: BTreeMap::new(),
         run_deadline,
         step_timed_out: false,
         previous_output: None,
@@ -223,6 +245,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     };
     r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
     r.execute();
+    // Whatever escaped its step and is still around ends with the run.
+    r.contain(&[], &BTreeMap::new());
     // Perf: drop the inotify watch before the terminal writes; closing an inotify fd that still
     // has a watch waits for an RCU grace period (~10 ms) at exit, delaying the daemon's reaping.
     if let Some(w) = r._watcher.as_mut() {
@@ -272,7 +296,8 @@ impl Runner {
             post.send(Msg::Control);
         });
         match watcher {
-            Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::NonRecursive) {
+            // Recursive: 0.67's stop requests land in control/stop-requests/.
+            Ok(mut wt) => match wt.watch(&control, notify::RecursiveMode::Recursive) {
                 Ok(()) => self._watcher = Some(wt),
                 Err(e) => crate::note!("watching {} failed ({e}); checking it every second", control.display()),
             },
@@ -280,8 +305,12 @@ impl Runner {
         }
     }
 
-    /// Consume control files in the order stop, timeout, interrupt.
+    /// Consume control files: pi-subagents 0.67's stop requests in `ts`
+    /// order, then the legacy `stop.json`, `timeout.json`, `interrupt.json`.
     fn check_control(&mut self) {
+        for r in crate::store::run::take_stop_requests(&self.dir) {
+            self.on_stop_request(r);
+        }
         let control = RunPaths::control(&self.dir);
         for (name, kind) in
             [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)]
@@ -302,6 +331,40 @@ impl Runner {
             };
             self.request_halt(kind, msg);
             let _ = std::fs::remove_file(&p);
+        }
+    }
+
+    /// A stop request stops the step `targetIndex` names when that step has
+    /// not ended yet, else the whole run; the event says which. A `childId`
+    /// names none of runspool's steps (they carry no child ids).
+    fn on_stop_request(&mut self, r: crate::protocol::control::StopRequest) {
+        let msg = crate::protocol::control::describe(&r, "a stop request");
+        let n = self.status.steps.len();
+        let step = r.target_index.map(|t| t as usize).filter(|&t| t < n);
+        let open = |s: &StepState| matches!(s, StepState::Pending | StepState::Running);
+        let (scope, note) = match (step, &r.child_id) {
+            (Some(i), _) if open(&self.status.steps[i].status) => {
+                self.step_stop.entry(i).or_insert((msg.clone(), false));
+                ("step", format!("stopping step {i}"))
+            }
+            (Some(i), _) => ("none", format!("step {i} already ended; nothing to stop")),
+            (None, _) if r.target_index.is_some() => (
+                "run",
+                format!(
+                    "targetIndex {} names no step of this run ({n} steps); stopping the run",
+                    r.target_index.unwrap_or(0)
+                ),
+            ),
+            (None, Some(c)) => ("run", format!("childId `{c}` names no step of this run; stopping the run")),
+            (None, None) => ("run", "stopping the run".to_string()),
+        };
+        self.ev(
+            "subagent.run.stop_requested",
+            json!({"scope": scope, "stepIndex": step, "targetIndex": r.target_index, "childId": r.child_id,
+                   "source": r.source, "reason": r.reason, "message": note}),
+        );
+        if scope == "run" {
+            self.request_halt(Halt::Stop, msg);
         }
     }
 
@@ -349,8 +412,23 @@ impl Runner {
         }
     }
 
+    /// A failed step, or one stopped on its own by a targeted stop request:
+    /// either ends a chain, and the run is `failed` unless it was halted.
     fn any_failed(&self) -> bool {
-        self.status.steps.iter().any(|s| s.status == StepState::Failed)
+        self.status.steps.iter().any(|s| matches!(s.status, StepState::Failed | StepState::Stopped))
+    }
+
+    /// A pending step a stop request named: it never starts.
+    fn skip_stopped(&mut self, i: usize, why: String) {
+        let agent = self.status.steps[i].agent.clone();
+        let st = &mut self.status.steps[i];
+        st.status = StepState::Stopped;
+        st.stopped = Some(true);
+        st.exit_code = Some(-1);
+        st.duration_ms = Some(0);
+        st.error = Some(format!("{why} before it started"));
+        self.save();
+        self.ev("subagent.step.stopped", json!({"stepIndex": i, "agent": agent, "exitCode": -1, "durationMs": 0}));
     }
 
     /// Run the given flat steps with at most `conc` at once. True if all complete.
@@ -361,6 +439,10 @@ impl Runner {
         loop {
             while self.halt.is_none() && running.len() < conc {
                 let Some(i) = queue.pop_front() else { break };
+                if let Some((why, _)) = self.step_stop.get(&i).cloned() {
+                    self.skip_stopped(i, why);
+                    continue;
+                }
                 if let Some(r) = self.spawn(i, &steps[i]) {
                     running.insert(i, r);
                 }
@@ -401,6 +483,8 @@ impl Runner {
                     Err(e) => Some((i, Err(e))),
                 })
                 .collect();
+            let ended: Vec<(usize, u32)> =
+                exited.iter().filter_map(|(i, _)| running.get(i).map(|r| (*i, r.pid))).collect();
             for (i, res) in exited {
                 if let Some(r) = running.remove(&i) {
                     // Perf: with nothing else running, the next status write (the
@@ -411,6 +495,9 @@ impl Runner {
                     self.record_exit(i, r, res, save_now);
                 }
             }
+            // Escapees of the steps that ended go with them; orphans that
+            // exited on their own are reaped (they are our children now).
+            self.contain(&ended, &running);
             if self.watch_at.is_some_and(|t| Instant::now() >= t) {
                 self.watch_at = None;
                 self.watch_control(); // the check_control below sees what landed before the watch
@@ -418,9 +505,24 @@ impl Runner {
             let before = self.halt;
             self.check_control();
             let now = Instant::now();
+            if now >= self.next_heartbeat {
+                // pi-subagents 0.67 fails a run whose pid lives but whose
+                // lastUpdate is over 24 h old; a long step must not look stale.
+                self.next_heartbeat = now + heartbeat();
+                self.save();
+            }
             if self.halt.is_none() && now >= self.run_deadline {
                 let msg = format!("run timed out after {} ms", self.status.timeout_ms);
                 self.request_halt(Halt::Timeout, msg);
+            }
+            for (i, r) in running.iter_mut() {
+                if let Some((_, sent)) = self.step_stop.get_mut(i) {
+                    if !*sent {
+                        *sent = true;
+                        r.signal(Signal::SIGTERM);
+                        r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
+                    }
+                }
             }
             if self.halt != before {
                 let first = match self.halt {
@@ -525,12 +627,8 @@ impl Runner {
         // A full disk (or fd table) is waited out here rather than failing the
         // step; a stop request is seen once the file exists.
         let (file, err) = fsutil::wait_out_capacity(out, || {
-            let f = OpenOptions::new()
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(out)?;
+            // An earlier step may have planted a FIFO here: refused, never waited on.
+            let f = fsutil::open_append(out)?;
             let e = f.try_clone()?;
             Ok((f, e))
         })
@@ -593,6 +691,11 @@ impl Runner {
         } else if code == 0 && halt.is_none() {
             st.status = StepState::Complete;
             "completed"
+        } else if let (None, Some((why, _))) = (halt, self.step_stop.get(&i)) {
+            st.status = StepState::Stopped;
+            st.stopped = Some(true);
+            st.error = Some(why.clone());
+            "stopped"
         } else {
             match halt {
                 Some(Halt::Stop) => {
@@ -685,12 +788,146 @@ impl Runner {
     }
 }
 
+/// How often a running run's `lastUpdate` is refreshed when nothing else
+/// writes its status: hourly, far inside pi-subagents 0.67's 24 h stale-run
+/// rule and far from a cost (one small write an hour).
+/// `RUNSPOOL_STATUS_HEARTBEAT_MS` changes it (tests, or a stricter reader).
+const HEARTBEAT: Duration = Duration::from_secs(3600);
+
+fn heartbeat() -> Duration {
+    std::env::var("RUNSPOOL_STATUS_HEARTBEAT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms >= 100)
+        .map(Duration::from_millis)
+        .unwrap_or(HEARTBEAT)
+}
+
+impl Runner {
+    /// Reap the orphans this subreaper adopted that exited, and kill (then
+    /// reap) what the steps in `ended` (index, process group) left behind:
+    /// every adopted process in one of their process groups, or started with
+    /// one of their `RUNSPOOL_STEP_INDEX` values in this run. With no step
+    /// running (between steps, at the run's end) every adopted process goes,
+    /// whatever its environment says. Killing one may orphan its own
+    /// children to us: repeat until nothing is left (bounded).
+    fn contain(&mut self, ended: &[(usize, u32)], running: &BTreeMap<usize, Running>) {
+        use crate::platform::procs;
+        // Step processes are reaped by their `Child` (try_wait), never here.
+        let steps: std::collections::HashSet<u32> =
+            running.values().filter(|r| r.child.is_some()).map(|r| r.pid).collect();
+        let all = running.is_empty();
+        let adopted = || procs::children().into_iter().filter(|p| !steps.contains(p)).filter(|&p| !reap(p));
+        if ended.is_empty() && !all {
+            adopted().for_each(drop);
+            return;
+        }
+        let run_dir = self.dir.as_os_str().as_encoded_bytes().to_vec();
+        let left_by_ended = |pid: u32| -> bool {
+            let pgrp = procs::stat(pid).map(|s| s.pgrp);
+            let ours = procs::environ_var(pid, "RUNSPOOL_RUN_DIR").is_some_and(|d| d == run_dir);
+            let index = procs::environ_var(pid, "RUNSPOOL_STEP_INDEX").filter(|_| ours);
+            ended.iter().any(|(i, pg)| pgrp == Some(*pg) || index.as_deref() == Some(i.to_string().as_bytes()))
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        // A `children` file read while the list changes may miss an entry:
+        // done after two clean reads in a row.
+        let mut clean = 0;
+        loop {
+            let targets: Vec<u32> = adopted().filter(|&p| all || left_by_ended(p)).collect();
+            if targets.is_empty() {
+                clean += 1;
+                if clean == 2 {
+                    return;
+                }
+                continue;
+            }
+            clean = 0;
+            if Instant::now() >= until {
+                crate::note!(
+                    "processes {targets:?} left by the steps of {} survive SIGKILL (uninterruptible?); giving up on them",
+                    self.dir.display()
+                );
+                return;
+            }
+            for &pid in &targets {
+                tracing::info!(run_id = %self.status.run_id, pid, "killing a process that escaped its step");
+                procs::kill_with_group(pid);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Reap `pid` if it has exited. True when it is gone (reaped now, or not our child).
+fn reap(pid: u32) -> bool {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::StillAlive) => false,
+        Ok(_) => true,
+        Err(_) => true,
+    }
+}
+
+/// What the validator may check again at run time: the shape and limits of
+/// the request. The claim-time facts (the `cwd`s existed, the provider was
+/// configured in the daemon) are the claim's; a step whose cwd went away
+/// since fails on its own, and the bridge answers for providers.
+struct RunTime;
+impl Context for RunTime {
+    fn provider_configured(&self, _: &str) -> bool {
+        true
+    }
+    fn is_dir(&self, _: &str) -> bool {
+        true
+    }
+}
+
+fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
+    if raw.len() as u64 > MAX_REQUEST_BYTES {
+        return Err(Rejection::new("too-large", format!("it is over {MAX_REQUEST_BYTES} bytes")));
+    }
+    request::parse(raw).and_then(|v| request::validate(raw, &v, &RunTime))
+}
+
+/// End a queued run whose request.json fails validation: `failed`, every step
+/// skipped, the reason in `error`, indexes and result published.
+fn fail_unvalidated(w: &mut Writer, l: &Layout, dir: &Path, message: &str) -> anyhow::Result<()> {
+    let run_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let now = crate::now_ms();
+    let msg = message.to_string();
+    let s = results::write_terminal(w, l, &run_id, move |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
+            st.status = StepState::Failed;
+            st.exit_code = Some(-1);
+            st.duration_ms = Some(0);
+            st.error = Some("skipped: request.json fails validation".to_string());
+        }
+        s.state = State::Failed;
+        s.ended_at = Some(now);
+        s.error = Some(msg);
+        s.exit_code = Some(1);
+        Some(s)
+    })?;
+    if s.is_some_and(|s| s.state == State::Failed) {
+        event(w, dir, &run_id, "subagent.run.completed", json!({"status": "failed", "durationMs": 0, "exitCode": 1}));
+    }
+    while !w.flush() {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
 fn first_error(s: &Status) -> String {
     s.steps
         .iter()
         .enumerate()
-        .find(|(_, st)| st.status == StepState::Failed && st.exit_code != Some(-1))
-        .map(|(i, st)| format!("step {i} ({}) failed: {}", st.agent, st.error.clone().unwrap_or_default()))
+        .find(|(_, st)| matches!(st.status, StepState::Failed | StepState::Stopped) && st.exit_code != Some(-1))
+        .map(|(i, st)| format!("step {i} ({}) {}: {}", st.agent, st.status, st.error.clone().unwrap_or_default()))
         .unwrap_or_else(|| "the run failed".into())
 }
 

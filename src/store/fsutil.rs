@@ -64,8 +64,10 @@ pub fn mkdir_private_all(p: &Path) -> io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(p)
 }
 
+/// fsync a directory. `O_DIRECTORY`: anything else in its place (a FIFO a
+/// step planted) fails at once instead of blocking the open.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir)?.sync_all()
 }
 
 fn temp_name(target: &Path) -> PathBuf {
@@ -158,17 +160,15 @@ pub fn wait_out_capacity<T>(what: &Path, mut f: impl FnMut() -> io::Result<T>) -
     }
 }
 
-/// Open (creating 0600) a lock file without following symlinks and take an
+/// Open (creating 0600) a lock file like [`open_regular`] and take an
 /// exclusive flock. `Ok(None)` when `nonblocking` and someone else holds it.
+/// A FIFO is accepted here, as it always was: a flock on its inode excludes
+/// like any other, and refusing it would let a step that plants one stop its
+/// run's status from ever being written (nothing is read or written through a
+/// lock, and the open does not block).
 pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
+    let opts = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).clone();
+    let f = open_checked(path, &opts, true)?;
     if flock(&f, nonblocking)? {
         Ok(Some(f))
     } else {
@@ -195,29 +195,108 @@ pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
 /// Is the lock at `path` held by a live process? Taking it is the only proof
 /// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
 pub fn lock_held(path: &Path) -> io::Result<bool> {
-    // O_NONBLOCK: a FIFO planted as a lock file must not hang the caller.
-    let f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
+    // Opened like `lock` opens it, so the two agree; never blocks.
+    let f = match open_checked(path, OpenOptions::new().read(true), true) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        // A link or directory planted as a lock file is no held lock.
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::InvalidInput) => return Ok(false),
         Err(e) => return Err(e),
     };
     Ok(!flock(&f, true)?)
 }
 
-/// Read a small file without following a symlink, at most `max` bytes.
-/// Anything but a regular file (a FIFO, a device planted in its place) is
-/// refused without blocking.
-pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let f =
-        OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
-    let md = f.metadata()?;
-    if !md.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
+/// Open a file in a directory others can write (spool, run directories,
+/// their inboxes, step outputs, logs): the one way runspool opens such files.
+/// `opts` says the access (read, append, create and its mode); this adds
+/// `O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC|O_NOCTTY`, so a symlink is refused and a
+/// FIFO or device planted in the file's place never blocks the open. After
+/// the open, `fstat` must show a regular file (else `InvalidInput`, naming the
+/// path), and blocking mode is restored for the reads and writes that follow.
+/// Other open errors keep their errno (`NotFound`, capacity) for the caller.
+pub fn open_regular(path: &Path, opts: &OpenOptions) -> io::Result<File> {
+    open_checked(path, opts, false)
+}
+
+/// [`open_regular`], also accepting a FIFO when `fifo_ok` (locks only).
+fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<File> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut opts = opts.clone();
+    opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY);
+    let f = match opts.open(path) {
+        Ok(f) => f,
+        // ELOOP: a symlink (O_NOFOLLOW); ENXIO: a FIFO without reader or a
+        // socket opened for writing; EISDIR: a directory opened for writing.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO | libc::EISDIR)) => {
+            return Err(match std::fs::symlink_metadata(path) {
+                Ok(md) => not_regular(path, md.file_type()),
+                Err(_) => e,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let kind = f.metadata()?.file_type();
+    if !(kind.is_file() || (fifo_ok && kind.is_fifo())) {
+        return Err(not_regular(path, kind));
     }
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+fn not_regular(path: &Path, kind: std::fs::FileType) -> io::Error {
+    use std::os::unix::fs::FileTypeExt;
+    let what = if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "of an unknown kind"
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{} is not a regular file ({what}); runspool only opens regular files here: remove it", path.display()),
+    )
+}
+
+/// Ok when `dir` is a directory itself, not a symlink to one: a step may
+/// turn a run's inbox into a link to any directory of the user's, whose files
+/// runspool must then neither read, answer, remove nor write.
+pub fn real_dir(dir: &Path) -> io::Result<()> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if md.is_dir() {
+        return Ok(());
+    }
+    let what = if md.file_type().is_symlink() { "a symbolic link" } else { "not a directory" };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{} is {what}; runspool does not follow it: remove it", dir.display()),
+    ))
+}
+
+/// Open for reading through [`open_regular`].
+pub fn open_read(path: &Path) -> io::Result<File> {
+    open_regular(path, OpenOptions::new().read(true))
+}
+
+/// Open for appending (created 0600 if missing) through [`open_regular`].
+pub fn open_append(path: &Path) -> io::Result<File> {
+    open_regular(path, OpenOptions::new().append(true).create(true).mode(0o600))
+}
+
+/// Read a small file through [`open_regular`], at most `max` bytes.
+pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let f = open_read(path)?;
+    let md = f.metadata()?;
     // Perf: sized from the metadata, the read takes two calls instead of one per
     // doubling of the buffer (`take` hides the size from `read_to_end`).
     let mut buf = Vec::with_capacity(md.len().min(max) as usize + 1);
@@ -225,30 +304,18 @@ pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Append one line to a file (0600, created if missing, never a symlink).
+/// Append one line to a file (0600, created if missing) through [`open_regular`].
 pub fn append_line(path: &Path, line: &[u8]) -> io::Result<()> {
-    let mut f = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
+    let mut f = open_append(path)?;
     let mut buf = Vec::with_capacity(line.len() + 1);
     buf.extend_from_slice(line);
     buf.push(b'\n');
     f.write_all(&buf)
 }
 
-/// Create an empty regular file if it is missing.
+/// Create an empty regular file if it is missing (through [`open_regular`]).
 pub fn touch(path: &Path) -> io::Result<()> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map(|_| ())
+    open_regular(path, OpenOptions::new().write(true).create(true).truncate(false).mode(0o600)).map(|_| ())
 }
 
 pub fn remove_if_exists(path: &Path) -> io::Result<()> {
@@ -301,12 +368,42 @@ mod tests {
         let fifo = d.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        assert_eq!(read_nofollow(&fifo, 10).unwrap_err().kind(), io::ErrorKind::InvalidData);
-        assert!(!lock_held(&fifo).unwrap(), "a FIFO is no held lock, and checking it does not block");
+        assert_eq!(read_nofollow(&fifo, 10).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert!(!lock_held(&fifo).unwrap(), "nobody holds the FIFO, and checking it does not block");
         std::fs::write(d.path().join("real"), b"x").unwrap();
         std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
         assert!(read_nofollow(&d.path().join("link"), 10).is_err());
         assert_eq!(read_nofollow(&d.path().join("real"), 10).unwrap(), b"x");
+    }
+    #[test]
+    fn open_regular_refuses_everything_but_regular_files_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
+        for (name, what) in [("fifo", "a FIFO"), ("dir", "a directory"), ("link", "a symbolic link")] {
+            let p = d.path().join(name);
+            let results = [append_line(&p, b"x").map(|_| ()), touch(&p), read_nofollow(&p, 10).map(|_| ())];
+            for r in results {
+                let e = r.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name}: {e}");
+                assert!(e.to_string().contains(what) && e.to_string().contains(name), "{name}: {e}");
+            }
+        }
+        for name in ["dir", "link"] {
+            assert_eq!(lock(&d.path().join(name), true).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        }
+        assert!(!d.path().join("real").exists(), "a link is never followed to create its target");
+        // A FIFO lock file locks like any other, without blocking the open.
+        let held = lock(&fifo, true).unwrap().expect("the FIFO lock is free");
+        assert!(lock_held(&fifo).unwrap());
+        drop(held);
+        // A regular file opens in blocking mode.
+        let f = open_append(&d.path().join("real")).unwrap();
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) } & libc::O_NONBLOCK, 0);
+        assert_ne!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFD) } & libc::FD_CLOEXEC, 0);
     }
     #[test]
     fn long_names_use_a_hashed_temp() {

@@ -31,6 +31,18 @@ impl Layout {
         Layout::new(tmp.join(format!("pi-subagents-uid-{}", nix::unistd::getuid())))
     }
 
+    /// What chooses the root ahead of the config file's `root` key (PROTOCOL
+    /// §1, same order as `resolve`): `--root DIR` or `VAR=value`, or None
+    /// when the config's `root` (or the default) decides.
+    pub fn root_override(flag: Option<&Path>) -> Option<String> {
+        if let Some(p) = flag {
+            return Some(format!("--root {}", p.display()));
+        }
+        ["RUNSPOOL_ROOT", "PI_SUBAGENTS_TEMP_ROOT"].into_iter().find_map(|var| {
+            std::env::var_os(var).filter(|v| !v.is_empty()).map(|v| format!("{var}={}", v.to_string_lossy()))
+        })
+    }
+
     pub fn spool(&self) -> PathBuf {
         self.root.join("spool")
     }
@@ -97,6 +109,10 @@ impl RunPaths {
     }
     pub fn control(d: &Path) -> PathBuf {
         d.join("control")
+    }
+    /// pi-subagents 0.67's stop inbox: `control/stop-requests/<ts>-<uuid>.json`.
+    pub fn stop_requests(d: &Path) -> PathBuf {
+        d.join("control").join("stop-requests")
     }
     pub fn output(d: &Path, i: usize) -> PathBuf {
         d.join(format!("output-{i}.log"))

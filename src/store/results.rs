@@ -50,18 +50,8 @@ pub fn build_result(l: &Layout, s: &Status) -> RunResult {
 /// The last `max` bytes of a file, as text (lossy at the cut).
 pub fn tail(path: &std::path::Path, max: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
     // Never follow a symlink or block on a FIFO a step put in place of its log.
-    let Ok(mut f) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    else {
-        return String::new();
-    };
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return String::new();
-    }
+    let Ok(mut f) = fsutil::open_read(path) else { return String::new() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
     let mut buf = Vec::new();

@@ -54,6 +54,24 @@ impl Writer {
         }
     }
 
+    /// Retry the deferred write of `path` alone, now (space was just freed
+    /// for it). True when nothing is left pending for it.
+    pub fn flush_path(&mut self, path: &Path) -> bool {
+        let Some((bytes, durable)) = self.pending.get(path).cloned() else { return true };
+        match write_atomic(path, &bytes, durable) {
+            Ok(()) => {
+                self.pending.remove(path);
+                true
+            }
+            Err(e) => {
+                if is_capacity(&e) {
+                    self.note_capacity(path, &e);
+                }
+                false
+            }
+        }
+    }
+
     /// The newest payload not yet on disk for `path`, if any.
     pub fn pending_for(&self, path: &Path) -> Option<&[u8]> {
         self.pending.get(path).map(|(b, _)| b.as_slice())

@@ -438,6 +438,8 @@ pub struct TestEnv {
     pub log_path: PathBuf,
     pub child: Option<Child>,
     pub extra_args: Vec<String>,
+    /// Extra environment of the daemon (and so of its runners).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl TestEnv {
@@ -457,7 +459,8 @@ impl TestEnv {
         let config_path = base.join("config.toml");
         fs::write(&config_path, config).unwrap();
         let log_path = base.join("daemon.log");
-        let env = TestEnv { tmp, root, work, config_path, log_path, child: None, extra_args: vec![] };
+        let env =
+            TestEnv { tmp, root, work, config_path, log_path, child: None, extra_args: vec![], extra_env: vec![] };
         env.ensure_layout();
         env
     }
@@ -518,7 +521,10 @@ impl TestEnv {
         let log = OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
         let log2 = log.try_clone().unwrap();
         let mut cmd = self.daemon_command_for(Path::new(BIN), &self.root);
-        cmd.args(&self.extra_args).stdout(Stdio::from(log)).stderr(Stdio::from(log2));
+        cmd.args(&self.extra_args)
+            .envs(self.extra_env.iter().cloned())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2));
         cmd.spawn().expect("spawn runspool daemon")
     }
 

@@ -1,0 +1,277 @@
+//! What a dead runner leaves behind, cleared off the loop before its run is
+//! repaired (PROTOCOL §12): every process of a running step still carrying
+//! the run's marks (`RUNSPOOL_RUN_ID`, `RUNSPOOL_RUN_DIR` and the step's
+//! `RUNSPOOL_STEP_INDEX`), so a step's `setsid`'d grandchild, re-parented to
+//! init when the runner (its subreaper) died, goes too; and every external
+//! job the status records as live (a `providerJobId` in state queued,
+//! running or blocked), or that a start in flight when the runner died
+//! produces, cancelled through its provider with the outcome written into
+//! `steps[i].externalJob`, so the terminal status never claims a job runs
+//! that nobody tracks. Meanwhile the bridge leaves the run's requests alone
+//! (`holds`), so no new start is dispatched for a runner that is gone.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::bridge::Bridge;
+use crate::protocol::bridge::{Handle, Operation, MAX_MESSAGE};
+use crate::protocol::status::Status;
+use crate::providers::{Call, ProviderError};
+use crate::store::fsutil::is_capacity;
+use crate::store::{run, Writer};
+
+/// A live job recorded in a status: flat step index, provider, job id.
+type Job = (usize, String, String);
+/// A provider with its time limit (None: the provider is not configured).
+type Configured = Option<(Arc<dyn crate::providers::Provider>, Duration)>;
+type Cancel = (Job, Configured);
+/// A start in flight: flat step index, provider, start request id.
+type Start = (usize, String, String);
+
+#[derive(Default)]
+pub struct DeadRunners {
+    /// Runs whose clean-up is under way.
+    inflight: HashSet<String>,
+    /// Runs whose worker finished (shared with the workers).
+    done: Arc<Mutex<HashSet<String>>>,
+    /// Runs already handled: their repair goes ahead whatever the cancel did.
+    settled: HashSet<String>,
+}
+
+impl DeadRunners {
+    /// Is the run's clean-up under way? (The bridge then services none of its requests.)
+    pub fn holds(&self, run_id: &str) -> bool {
+        self.inflight.contains(run_id)
+    }
+
+    /// Called before repairing `run_id` (whose runner is dead, lock held by
+    /// the caller, status `s` active). True: hold the repair, its processes
+    /// and jobs are being cleared (ask again next turn). False: repair now.
+    pub fn hold_repair(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) -> bool {
+        if self.done.lock().map(|mut d| d.remove(run_id)).unwrap_or(false) {
+            self.inflight.remove(run_id);
+            self.settled.insert(run_id.to_string());
+            return false;
+        }
+        if self.inflight.contains(run_id) {
+            return true;
+        }
+        // Only runs runspool launched (PROTOCOL §14); each is handled once per daemon.
+        if self.settled.contains(run_id) || !run_dir.join("request.json").is_file() {
+            return false;
+        }
+        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let starts: Vec<(Start, Configured)> =
+            starts_in_flight(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let running: Vec<usize> = s
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| st.status == crate::protocol::status::StepState::Running)
+            .map(|(i, _)| i)
+            .collect();
+        let (dir, id, done) = (run_dir.to_path_buf(), run_id.to_string(), self.done.clone());
+        let span = tracing::error_span!("dead-runner", run_id = %run_id);
+        let spawned = std::thread::Builder::new()
+            .name(format!("dead-{}", run_id.chars().take(40).collect::<String>()))
+            .spawn(move || {
+                span.in_scope(|| {
+                    kill_leftovers(&dir, &id, &running);
+                    let mut calls = calls;
+                    for ((i, provider, request), p) in starts {
+                        if let Some(job) = landed_job(&dir, &request, p.as_ref().map(|p| p.1)) {
+                            calls.push(((i, provider, job), p));
+                        }
+                    }
+                    if !calls.is_empty() {
+                        cancel_all(&dir, &id, calls);
+                    }
+                });
+                if let Ok(mut d) = done.lock() {
+                    d.insert(id);
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                tracing::debug!(run_id, "clearing the dead runner's processes and external jobs before its repair");
+                self.inflight.insert(run_id.to_string());
+                true
+            }
+            Err(e) => {
+                tracing::error!(run_id, error = %e, "cannot start a thread to clear the dead runner's processes and external jobs; repairing without");
+                self.settled.insert(run_id.to_string());
+                false
+            }
+        }
+    }
+}
+
+/// SIGKILL what is left of the run's running steps, wherever it went. The
+/// step index is part of the marks: the daemon's own provider processes for
+/// this run carry its run id and directory too, and are left to finish.
+fn kill_leftovers(dir: &Path, run_id: &str, steps: &[usize]) {
+    for i in steps {
+        let marks = [
+            format!("RUNSPOOL_RUN_ID={run_id}"),
+            format!("RUNSPOOL_RUN_DIR={}", dir.display()),
+            format!("RUNSPOOL_STEP_INDEX={i}"),
+        ];
+        let found = crate::platform::procs::with_env(&marks);
+        if found.is_empty() {
+            continue;
+        }
+        tracing::warn!(step = i, pids = ?found, "killing the step processes left by a dead runner");
+        if !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
+            tracing::error!(step = i, pids = ?crate::platform::procs::with_env(&marks), "step processes of a dead runner survive SIGKILL; repairing the run without them");
+        }
+    }
+}
+
+/// External steps whose start was sent without an answer recorded: a
+/// `startRequestId`, no `providerJobId`, not in a terminal state.
+fn starts_in_flight(s: &Status) -> Vec<Start> {
+    s.steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| {
+            let j = st.external_job.as_ref()?;
+            let state = j.get("state").and_then(Value::as_str).unwrap_or("starting");
+            let provider = j.get("provider").and_then(Value::as_str)?;
+            let request = j.get("startRequestId").and_then(Value::as_str)?;
+            (j.get("providerJobId").is_none() && !matches!(state, "completed" | "failed" | "stopped"))
+                .then(|| (i, provider.to_string(), request.to_string()))
+        })
+        .collect()
+}
+
+/// The job a start in flight produced, once its claim is finished (the
+/// servicer's own time limit plus a margin; no claim: never dispatched).
+fn landed_job(dir: &Path, request: &str, limit: Option<Duration>) -> Option<String> {
+    let claim = dir.join(super::bridge::REQUESTS).join(format!("{request}.claim"));
+    if !claim.is_dir() {
+        return None;
+    }
+    let until = Instant::now() + limit.unwrap_or_default() + Duration::from_secs(30);
+    while !claim.join("completed.json").exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bytes = crate::store::fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024).ok()?;
+    let h: Handle = serde_json::from_slice(&bytes).ok()?;
+    tracing::warn!(request, job = %h.provider_job_id, "a start in flight when the runner died made a job");
+    Some(h.provider_job_id)
+}
+
+/// Jobs with a `providerJobId` that are not in a terminal state.
+fn live_jobs(s: &Status) -> Vec<Job> {
+    s.steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| {
+            let j = st.external_job.as_ref()?;
+            let state = j.get("state").and_then(Value::as_str)?;
+            let provider = j.get("provider").and_then(Value::as_str)?;
+            let id = j.get("providerJobId").and_then(Value::as_str)?;
+            matches!(state, "queued" | "running" | "blocked").then(|| (i, provider.to_string(), id.to_string()))
+        })
+        .collect()
+}
+
+type Outcome = (usize, String, Result<Handle, ProviderError>);
+
+fn cancel_all(dir: &Path, run_id: &str, calls: Vec<Cancel>) {
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for ((i, provider, job), p) in calls {
+        let r = match p {
+            None => Err(crate::providers::failure(
+                "provider-unavailable",
+                format!(
+                    "provider `{provider}` is not configured in this daemon, so job {job} could not be cancelled; cancel it on its engine"
+                ),
+            )),
+            Some((p, limit)) => {
+                let request_id = format!("repair-cancel-{i}");
+                let call = Call {
+                    op: Operation::Cancel,
+                    request_id: &request_id,
+                    provider_job_id: Some(&job),
+                    start: None,
+                    follow_up: None,
+                    run_dir: dir,
+                    deadline: Instant::now() + limit,
+                };
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.call(&call))).unwrap_or_else(|_| {
+                    Err(crate::providers::failure("provider-error", format!("provider `{provider}` panicked during cancel")))
+                })
+            }
+        };
+        match &r {
+            Ok(h) => {
+                tracing::info!(step = i, job = %job, state = h.state.as_str(), "cancelled a dead runner's external job")
+            }
+            Err(f) => {
+                tracing::warn!(step = i, job = %job, code = %f.code, detail = %f.message, "cancelling a dead runner's external job failed")
+            }
+        }
+        outcomes.push((i, job, r));
+    }
+    record(dir, run_id, &outcomes);
+}
+
+/// Write the outcomes into `steps[i].externalJob` (the run is still active:
+/// the repair that follows keeps them), then one event per job.
+fn record(dir: &Path, run_id: &str, outcomes: &[Outcome]) {
+    let now = crate::now_ms();
+    let job_ids: std::collections::HashMap<usize, &String> = outcomes.iter().map(|(i, j, _)| (*i, j)).collect();
+    let mut jobs: Vec<(usize, Value)> = Vec::new();
+    let mut w = Writer::new();
+    let res = run::update_status(&mut w, dir, |cur| {
+        let mut s = cur?;
+        if !s.state.is_active() {
+            return None;
+        }
+        for (i, _, r) in outcomes {
+            let Some(Value::Object(j)) = s.steps.get_mut(*i).and_then(|st| st.external_job.as_mut()) else { continue };
+            match r {
+                Ok(h) => {
+                    // A cancel accepted for a job not yet down is recorded as stopped: nobody follows it any more.
+                    let state = if h.state.is_terminal() { h.state.as_str() } else { "stopped" };
+                    j.insert("state".into(), json!(state));
+                }
+                Err(f) => {
+                    j.insert("failureCode".into(), json!(f.code));
+                    let m = format!("the runner died and cancelling the job failed: {}", f.message);
+                    j.insert("failureMessage".into(), json!(m.chars().take(MAX_MESSAGE).collect::<String>()));
+                }
+            }
+            if let Some(job) = job_ids.get(i) {
+                j.entry("providerJobId").or_insert_with(|| json!(job));
+            }
+            j.insert("updatedAt".into(), json!(now));
+            jobs.push((*i, Value::Object(j.clone())));
+        }
+        Some(s)
+    });
+    if let Err(e) = &res {
+        tracing::warn!(error = %e, "cannot record the cancelled external jobs in status.json");
+    }
+    // A full disk: keep the payload and retry for a while (the repair waits).
+    let until = Instant::now() + Duration::from_secs(60);
+    while !w.flush() && Instant::now() < until {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    if res.is_ok() || res.as_ref().is_err_and(is_capacity) {
+        for (i, job) in jobs {
+            run::event(
+                &mut w,
+                dir,
+                run_id,
+                "subagent.external_job.updated",
+                json!({"stepIndex": i, "externalJob": job}),
+            );
+        }
+    }
+}
