@@ -707,6 +707,20 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
             match run::read_status(&dir) {
                 Ok(Some(cur)) if !(cur.state == State::Rejected && cur.launched_by_runspool()) => return Ok(()), // not ours to touch
                 Ok(Some(_)) => {}
+                Ok(None) if run::claimed(&dir) => {
+                    // A half-done claim whose request failed validation: the
+                    // directory is ours already (request.json), so are temps in it.
+                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
+                    let mut ev = Writer::new();
+                    run::event(
+                        &mut ev,
+                        &dir,
+                        &run_id,
+                        "subagent.run.rejected",
+                        json!({"code": code, "message": message}),
+                    );
+                }
                 Ok(None) => {
                     // Built complete in a dot-named staging directory, then
                     // renamed into place: a rejected run has no request.json,
