@@ -172,37 +172,7 @@ fn spawn_runner_program(program: &Path, subcommand: bool, run_dir: &Path) -> io:
 /// skipped, `message` (which names the errno and the runner) as its error.
 /// The caller holds runner.lock.
 pub fn fail_unstartable(w: &mut Writer, l: &Layout, run_id: &str, message: &str) -> io::Result<bool> {
-    let now = crate::now_ms();
-    let msg = message.to_string();
-    let s = results::write_terminal(w, l, run_id, move |cur| {
-        let mut s = cur?;
-        if s.state != State::Queued {
-            return None;
-        }
-        for st in s.steps.iter_mut().filter(|st| matches!(st.status, StepState::Pending | StepState::Running)) {
-            st.status = StepState::Failed;
-            st.exit_code = Some(-1);
-            st.duration_ms = Some(0);
-            st.error = Some("skipped: the runner could not be started".to_string());
-        }
-        s.state = State::Failed;
-        s.ended_at = Some(now);
-        s.error = Some(msg);
-        s.exit_code = Some(1);
-        Some(s)
-    })?;
-    let failed = s.is_some_and(|s| s.state == State::Failed);
-    if failed {
-        let dir = l.run_dir(run_id);
-        run::event(
-            w,
-            &dir,
-            run_id,
-            "subagent.run.completed",
-            json!({"status": "failed", "durationMs": 0, "exitCode": 1}),
-        );
-    }
-    Ok(failed)
+    results::fail_queued(w, l, run_id, message, "skipped: the runner could not be started")
 }
 
 /// Take `runner.lock` if no live runner holds it. Holding it proves the

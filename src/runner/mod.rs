@@ -894,28 +894,7 @@ fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
 /// skipped, the reason in `error`, indexes and result published.
 fn fail_unvalidated(w: &mut Writer, l: &Layout, dir: &Path, message: &str) -> anyhow::Result<()> {
     let run_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let now = crate::now_ms();
-    let msg = message.to_string();
-    let s = results::write_terminal(w, l, &run_id, move |cur| {
-        let mut s = cur?;
-        if s.state != State::Queued {
-            return None;
-        }
-        for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
-            st.status = StepState::Failed;
-            st.exit_code = Some(-1);
-            st.duration_ms = Some(0);
-            st.error = Some("skipped: request.json fails validation".to_string());
-        }
-        s.state = State::Failed;
-        s.ended_at = Some(now);
-        s.error = Some(msg);
-        s.exit_code = Some(1);
-        Some(s)
-    })?;
-    if s.is_some_and(|s| s.state == State::Failed) {
-        event(w, dir, &run_id, "subagent.run.completed", json!({"status": "failed", "durationMs": 0, "exitCode": 1}));
-    }
+    results::fail_queued(w, l, &run_id, message, "skipped: request.json fails validation")?;
     while !w.flush() {
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -117,3 +117,42 @@ pub fn write_terminal(
     }
     Ok(s)
 }
+
+/// End a run that is still `queued` as `failed` before any step ran (its
+/// runner cannot start, or its request.json fails validation): every step
+/// skipped with `skip`, `message` as the run's error, exit code 1, the
+/// `subagent.run.completed` event, indexes and result. True when this call
+/// ended it (a run no longer queued is left as it is).
+pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &str, message: &str, skip: &str) -> io::Result<bool> {
+    use crate::protocol::status::{State, StepState};
+    let now = crate::now_ms();
+    let (msg, skip) = (message.to_string(), skip.to_string());
+    let s = write_terminal(w, l, run_id, move |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        for st in s.steps.iter_mut().filter(|st| matches!(st.status, StepState::Pending | StepState::Running)) {
+            st.status = StepState::Failed;
+            st.exit_code = Some(-1);
+            st.duration_ms = Some(0);
+            st.error = Some(skip.clone());
+        }
+        s.state = State::Failed;
+        s.ended_at = Some(now);
+        s.error = Some(msg);
+        s.exit_code = Some(1);
+        Some(s)
+    })?;
+    let failed = s.is_some_and(|s| s.state == State::Failed);
+    if failed {
+        super::run::event(
+            w,
+            &l.run_dir(run_id),
+            run_id,
+            "subagent.run.completed",
+            json!({"status": "failed", "durationMs": 0, "exitCode": 1}),
+        );
+    }
+    Ok(failed)
+}
