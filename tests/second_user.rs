@@ -199,7 +199,9 @@ fn files_planted_by_other_users_never_run() {
     assert!(!sh_as(NOBODY, &format!("ls {}", env.runs().display())), "the runs root is private");
 
     // Even if the user later makes the spool world-writable by mistake, a
-    // request another user drops there is refused, not run.
+    // request another user drops there is never run: the daemon stops
+    // claiming while the spool is loosened (G20), says why in daemon.json,
+    // and refuses the entry (bad-owner) once the mode is fixed.
     fs::set_permissions(&spool, fs::Permissions::from_mode(0o777)).unwrap();
     let body = String::from_utf8(u.body("nobody-dropped")).unwrap().replace('\'', "");
     assert!(
@@ -212,8 +214,15 @@ fn files_planted_by_other_users_never_run() {
         ),
         "nobody could write into the world-writable spool"
     );
-    u.expect("nobody-dropped", "bad-owner");
+    wait_until(LONG, "daemon.json names the loosened spool", || {
+        read_json(&env.daemon_json()).is_some_and(|d| {
+            d["storage"]["state"] == "degraded" && d["storage"]["reason"].as_str().unwrap_or("").contains("chmod 700")
+        })
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(spool.join("nobody-dropped.json").exists(), "nothing is claimed from a loosened spool");
     fs::set_permissions(&spool, fs::Permissions::from_mode(0o700)).unwrap();
+    u.expect("nobody-dropped", "bad-owner");
 
     // The daemon still serves its user, and the only steps that ran are the user's.
     u.plant("own-after", &u.body("own-after"), u.uid, 0o600);
