@@ -157,7 +157,8 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
         json: bool,
     },
     /// List the configured external-job providers and check each (command
-    /// executable, `sinfo` reachable for Slurm); exits 1 when a check fails
+    /// executable, `sinfo` reachable for Slurm; with a daemon running and no
+    /// --config, those of the config it loaded); exits 1 when a check fails
     Providers {
         /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
@@ -302,7 +303,9 @@ pub fn main() -> i32 {
             crate::logging::init_runner();
             crate::runner::main(&run_dir)
         }
-        Cmd::Providers { config, json } => crate::providers::cli_main(config.as_deref(), json),
+        Cmd::Providers { config, json } => {
+            crate::providers::cli_main(config.as_deref(), json, &Layout::resolve(cli.root.as_deref(), None))
+        }
         Cmd::Config(ConfigCmd::Check { config, json }) => config_cmd::check(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
         Cmd::Completions { shell } => docs::completions(shell, Cli::command()),

@@ -248,6 +248,7 @@ impl Daemon {
             },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
+            config: Some(report::ConfigInfo::new(opts.config.as_deref(), &cfg)),
         };
         let previous_start = std::fs::read(layout.daemon_json())
             .ok()
@@ -1220,6 +1221,8 @@ impl Daemon {
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
+        self.report.config = Some(report::ConfigInfo::new(self.config_path.as_deref(), &self.cfg));
+        self.write_report(true);
     }
 
     fn write_report(&mut self, force: bool) {
