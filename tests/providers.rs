@@ -631,3 +631,27 @@ fn providers_reports_the_running_daemons_config() {
     let out = env.cli(&["providers"]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("changed since"), "{}", describe(&out));
 }
+
+#[test]
+fn config_check_reports_every_error() {
+    let env = TestEnv::new();
+    let bad = env.base().join("bad.toml");
+    fs::write(
+        &bad,
+        "max_runing = 3\n[watch]\nstrategi = \"poll\"\n\
+         [providers.one]\ntype = \"cmd\"\ncommand = [\"x\"]\n\
+         [providers.two]\ncommand = [\"x\"]\n\
+         [providers.three]\ntype = \"command\"\ncommand = [\"x\"]\ntimeout = 1\n",
+    )
+    .unwrap();
+    let o = env.cli(&["config", "check", "--config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in ["max_runing", "strategi", "providers.one.type is `cmd`", "providers.two", "`timeout`", "5 errors"] {
+        assert!(err.contains(want), "config check does not report {want}:\n{err}");
+    }
+    let o = env.cli(&["config", "check", "--config", bad.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+    assert_eq!(v["errors"].as_array().map(Vec::len), Some(5), "{v:#}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("max_runing")), "{v:#}");
+}
