@@ -119,6 +119,7 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
   runspool stop <run> --reason \"superseded by a newer build\"
   runspool stop --interrupt <run>   # SIGINT; the run ends `paused`")]
     Stop {
+        /// Run id, or a unique prefix of 8 or more characters
         run: String,
         /// Why, recorded in the run's status and events
         #[arg(long)]
@@ -176,6 +177,7 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
   runspool logs --step 1 <run>      # only the second step
   runspool logs -f <run>            # keep printing until the run ends")]
     Logs {
+        /// Run id, or a unique prefix of 8 or more characters
         run: String,
         /// Only this flat step index
         #[arg(long, value_name = "N")]
@@ -420,5 +422,24 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    /// `--help` never shows an argument or option with a blank help line.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = a.get_id().as_str();
+                if a.get_help().is_none() && a.get_long_help().is_none() && !matches!(id, "help" | "version") {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "runspool", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
     }
 }
