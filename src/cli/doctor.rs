@@ -271,7 +271,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
     }
     if cfg!(target_os = "macos") {
         if let Some(why) = crate::service::missing_user_manager() {
-            checks.push(check("user manager", "warn", why.replace('\n', " ")));
+            checks.push(check("manager", "warn", why.replace('\n', " ")));
         }
     }
     // Service integration (Linux user services).
@@ -285,8 +285,8 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         // The same diagnosis `runspool service ...` prints before refusing.
         let no_manager = crate::service::missing_user_manager();
         checks.push(match &no_manager {
-            None => check("user manager", "ok", "systemd user manager reachable (systemctl --user)"),
-            Some(why) => check("user manager", "warn", why.replace('\n', " ")),
+            None => check("manager", "ok", "systemd user manager reachable (systemctl --user)"),
+            Some(why) => check("manager", "warn", why.replace('\n', " ")),
         });
         if let Some(home) = std::env::var_os("HOME") {
             // Installed by `runspool service install` (per user) or by the package (system-wide).
@@ -307,7 +307,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                 (None, _) if no_manager.is_some() => check(
                     "unit",
                     "warn",
-                    "no user unit installed, and none can be without a user manager (see `user manager`); run `runspool daemon` yourself",
+                    "no user unit installed, and none can be without a user manager (see `manager`); run `runspool daemon` yourself",
                 ),
                 (None, _) => {
                     check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one")
