@@ -223,6 +223,15 @@ fn service_commands_explain_a_missing_user_manager() {
         let left: Vec<_> = walk(&t.join(d));
         assert!(left.is_empty(), "a refused install left {left:?} under {d}");
     }
+    // uninstall still removes a unit written earlier (and the enable link), touching no manager.
+    let unit = t.join("xdg/systemd/user/runspool.service");
+    fs::create_dir_all(unit.parent().unwrap().join("default.target.wants")).unwrap();
+    fs::write(&unit, "[Unit]\n").unwrap();
+    let wants = unit.parent().unwrap().join("default.target.wants/runspool.service");
+    std::os::unix::fs::symlink(&unit, &wants).unwrap();
+    let out = runspool_without_manager(t, &bare, &["service", "uninstall"]);
+    assert!(out.status.success(), "uninstall: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!unit.exists() && fs::symlink_metadata(&wants).is_err(), "uninstall left the unit or its link");
     // doctor gives the same diagnosis and no longer advises `service install`.
     let out = runspool_without_manager(t, &with_bus_less, &["--root", t.join("root").to_str().unwrap(), "doctor"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);

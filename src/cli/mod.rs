@@ -139,7 +139,11 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
 
 A packaged runspool ships the unit in /usr/lib/systemd/user/, so
 `systemctl --user enable --now runspool` is enough there; `runspool service
-install` writes a per-user copy (for another root or config) that overrides it."
+install` writes a per-user copy (for another root or config) that overrides it.
+
+Without a user manager (no systemctl or no user bus; on macOS no launchctl)
+every command but `unit` and `uninstall` changes nothing, says what is
+missing and how to get it, and exits 69; `runspool daemon` runs without one."
     )]
     Service(ServiceCmd),
     /// Check the root, the daemon, watching, free space, the service and providers
