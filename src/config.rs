@@ -234,45 +234,167 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        match self.problems().into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Every value the daemon refuses, in file order of the checks.
+    fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
         if self.max_running == 0 {
-            return Err("max_running is 0; set it to 1 or more".into());
+            out.push("max_running is 0; set it to 1 or more".into());
         }
         if !matches!(self.watch.strategy.as_str(), "auto" | "native" | "poll") {
-            return Err(format!("watch.strategy is `{}`; use auto, native or poll", self.watch.strategy));
+            out.push(format!("watch.strategy is `{}`; use auto, native or poll", self.watch.strategy));
         }
         if self.watch.poll_interval_ms == 0 || self.watch.rescan_interval_s == 0 {
-            return Err("watch.poll_interval_ms and watch.rescan_interval_s must be at least 1".into());
+            out.push("watch.poll_interval_ms and watch.rescan_interval_s must be at least 1".into());
         }
         if !matches!(self.log.level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
-            return Err(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
+            out.push(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
         }
         for (key, cmd) in [("hooks.on_complete", &self.hooks.on_complete), ("hooks.on_failure", &self.hooks.on_failure)]
         {
             if cmd.first().is_some_and(|c| c.is_empty()) {
-                return Err(format!("{key} starts with an empty program name; give the executable first, e.g. [\"notify-send\", \"runspool\"]"));
+                out.push(format!("{key} starts with an empty program name; give the executable first, e.g. [\"notify-send\", \"runspool\"]"));
             }
         }
         if self.hooks.max_parallel == 0 {
-            return Err("hooks.max_parallel is 0; set it to 1 or more".into());
+            out.push("hooks.max_parallel is 0; set it to 1 or more".into());
         }
         if self.hooks.timeout_s == 0 {
-            return Err("hooks.timeout_s is 0; set a positive number of seconds".into());
+            out.push("hooks.timeout_s is 0; set a positive number of seconds".into());
         }
         for (name, p) in &self.providers {
             match p.kind.as_str() {
                 "command" if p.command.is_empty() || p.command[0].is_empty() => {
-                    return Err(format!("providers.{name}.command is empty; give the executable and its arguments"))
+                    out.push(format!("providers.{name}.command is empty; give the executable and its arguments"));
+                    continue;
                 }
                 "command" | "slurm" => {}
-                other => return Err(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\"")),
+                other => {
+                    out.push(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\""));
+                    continue;
+                }
             }
             if p.timeout_ms == 0 {
-                return Err(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
+                out.push(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
+                continue;
             }
-            crate::providers::validate(name, p)?;
+            if let Err(e) = crate::providers::validate(name, p) {
+                out.push(e);
+            }
         }
-        Ok(())
+        out
     }
+
+    /// Every error in `text`, not only the first `parse` stops at (for
+    /// `runspool config check`): each unknown key, each value of the wrong
+    /// type (every provider table among them) and each refused value. The
+    /// first is `parse`'s own message; the others name the key and, where
+    /// the key is found in the text, its line. Empty: `parse` accepts it.
+    pub fn parse_all(text: &str) -> Vec<String> {
+        let first = match Config::parse(text) {
+            Ok(_) => return vec![],
+            Err(e) => e,
+        };
+        let Ok(mut table) = text.parse::<toml::Table>() else {
+            return vec![first]; // A syntax error: nothing after it can be read.
+        };
+        let mut out = Vec::new();
+        // Each round drops the offending key (its default applies) and deserializes again.
+        for _ in 0..256 {
+            let e = match serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(table.clone())) {
+                Ok(c) => {
+                    out.extend(c.problems());
+                    break;
+                }
+                Err(e) => e,
+            };
+            let mut path: Vec<String> =
+                e.path().iter().map(|seg| seg.to_string()).filter(|seg| seg != "." && !seg.is_empty()).collect();
+            let msg = e.into_inner().to_string();
+            // toml's Value deserializer appends "\nin `table`": the path says it already.
+            let msg = msg.split("\nin `").next().unwrap_or_default().trim().to_string();
+            let unknown = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()).map(str::to_string);
+            let shown = path.join(".");
+            let line = line_of(text, &path, unknown.as_deref().filter(|u| path.last().map(String::as_str) != Some(u)));
+            out.push(if shown.is_empty() || shown == "." {
+                format!("{msg}{line}")
+            } else {
+                format!("{shown}: {msg}{line}")
+            });
+            // serde_path_to_error may or may not include an unknown key in the path.
+            if let Some(u) = unknown.filter(|u| path.last() != Some(u)) {
+                path.push(u);
+            }
+            // A bad provider table goes whole: what is left of it would only add follow-on errors.
+            if path.first().is_some_and(|p| p == "providers") {
+                path.truncate(2);
+            }
+            if path.is_empty() || path.iter().any(|p| p.starts_with('[') || p == ".") || !remove(&mut table, &path) {
+                break;
+            }
+        }
+        if out.is_empty() {
+            out.push(first.clone());
+        }
+        // The first error keeps `parse`'s own wording (and line); the others follow in file order.
+        out[0] = first;
+        let line = |e: &String| {
+            e.rsplit_once(" (line ")
+                .and_then(|(_, n)| n.trim_end_matches(')').parse::<usize>().ok())
+                .unwrap_or(usize::MAX)
+        };
+        out[1..].sort_by_key(line);
+        out.dedup();
+        out
+    }
+}
+
+/// Remove the key at `path` from `table`; false when it is not there.
+fn remove(table: &mut toml::Table, path: &[String]) -> bool {
+    match path {
+        [] => false,
+        [last] => table.remove(last).is_some(),
+        [first, rest @ ..] => match table.get_mut(first) {
+            Some(toml::Value::Table(t)) => remove(t, rest),
+            _ => false,
+        },
+    }
+}
+
+/// ` (line N)` for the line that sets the key `path` (+ `field`), when the
+/// text has one: a `key =` line after its table header, or the header itself.
+fn line_of(text: &str, path: &[String], field: Option<&str>) -> String {
+    let mut keys: Vec<&str> = path.iter().map(String::as_str).collect();
+    if let Some(f) = field {
+        keys.push(f);
+    }
+    let Some((last, tables)) = keys.split_last() else { return String::new() };
+    let header = format!("[{}]", tables.join("."));
+    let full_header = format!("[{}]", keys.join("."));
+    let mut in_table = tables.is_empty();
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            if t == full_header {
+                return format!(" (line {})", i + 1);
+            }
+            in_table = t == header;
+            continue;
+        }
+        if in_table {
+            if let Some(rest) = t.strip_prefix(last) {
+                if rest.trim_start().starts_with('=') {
+                    return format!(" (line {})", i + 1);
+                }
+            }
+        }
+    }
+    String::new()
 }
 
 fn span_hint(text: &str, e: &toml::de::Error) -> String {
@@ -318,6 +440,31 @@ mod tests {
         ] {
             assert!(block.contains(&format!("\n{key} = ")), "docs/config.md block lacks {key}");
         }
+    }
+    #[test]
+    fn parse_all_reports_every_error() {
+        let text = "max_runing = 3\nmax_running = 0\n[watch]\nstrategi = \"poll\"\nstrategy = \"fast\"\n\
+[providers.a]\ntype = \"command\"\ncommand = \"not-a-list\"\n\
+[providers.b]\ntype = \"nope\"\ncommand = [\"x\"]\n\
+[providers.c]\ntype = \"command\"\ncommand = [\"x\"]\ntimeout = 5\n\
+[providers.ok]\ntype = \"command\"\ncommand = [\"x\"]\n";
+        let all = Config::parse_all(text);
+        assert_eq!(all[0], Config::parse(text).unwrap_err(), "the first is parse's own message");
+        for want in [
+            "max_runing",
+            "strategi",
+            "providers.a",
+            "providers.b.type is `nope`",
+            "`timeout`",
+            "max_running is 0",
+            "watch.strategy is `fast`",
+        ] {
+            assert!(all.iter().any(|e| e.contains(want)), "no error mentions {want}: {all:#?}");
+        }
+        assert!(all.iter().any(|e| e.contains("strategi") && e.contains("(line 4)")), "{all:#?}");
+        assert!(!all.iter().any(|e| e.contains("providers.ok")), "{all:#?}");
+        assert!(Config::parse_all("max_running = 2\n").is_empty());
+        assert_eq!(Config::parse_all("max_running = [").len(), 1, "a syntax error is one error");
     }
     #[test]
     fn unknown_keys_are_named() {

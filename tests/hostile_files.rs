@@ -448,3 +448,61 @@ fn claims_that_are_not_directories_are_ignored() {
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "files were written through a .claim symlink");
     assert!(d.join("c-file.claim").exists() && d.join("c-link.claim").exists());
 }
+
+/// `submit` refuses a root the daemon would refuse, in the daemon's words,
+/// and writes nothing into it.
+#[test]
+fn submit_refuses_a_root_the_daemon_refuses() {
+    let env = TestEnv::new();
+    let submit = |root: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_runspool"))
+            .args(["submit", "--root"])
+            .arg(root)
+            .args(["--", "true"])
+            .env_remove("RUNSPOOL_ROOT")
+            .env("XDG_CONFIG_HOME", env.base().join("xdg"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let check = |root: &Path, what: &str| {
+        let o = submit(root);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{what}: submit accepted it: {err}");
+        let msg = err.trim().strip_prefix("runspool: ").unwrap_or_else(|| panic!("{what}: {err}")).to_string();
+        let (st, log) = env.run_daemon_expect_exit(root, std::time::Duration::from_secs(60));
+        assert!(!st.success(), "{what}: the daemon accepted it");
+        assert!(log.contains(&msg), "{what}: submit said `{msg}`, the daemon:\n{log}");
+        msg
+    };
+
+    // Group- and world-writable.
+    let open = env.base().join("open-root");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let msg = check(&open, "mode 0777");
+    assert!(msg.contains("writable by group or others") && msg.contains("chmod 700"), "{msg}");
+    assert!(list_names(&open).is_empty(), "submit wrote into a refused root: {:?}", list_names(&open));
+
+    // A symlink to a good directory.
+    let real = env.base().join("real-root");
+    fs::create_dir(&real).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    let link = env.base().join("link-root");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let msg = check(&link, "symlink");
+    assert!(msg.contains("symbolic link"), "{msg}");
+    assert!(list_names(&real).is_empty(), "submit wrote through the symlink: {:?}", list_names(&real));
+
+    // Someone else's (needs root to chown).
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = env.base().join("their-root");
+        fs::create_dir(&theirs).unwrap();
+        fs::set_permissions(&theirs, fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let msg = check(&theirs, "another owner");
+        assert!(msg.contains("is owned by uid 65534"), "{msg}");
+    } else {
+        eprintln!("skipped (another owner): needs root to chown a directory");
+    }
+}

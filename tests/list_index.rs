@@ -195,3 +195,34 @@ fn recent_cache_never_goes_stale() {
     assert_eq!(recent("2"), vec!["c-0299", "c-0298"]);
     assert_eq!(recent("400").len(), 300);
 }
+
+#[test]
+fn list_says_when_it_caps_and_when_nothing_is_active() {
+    let env = TestEnv::new();
+    let base = now_ms() - 100_000;
+    for i in 0..25 {
+        env.fabricate_terminal_run(&format!("cap-{i:02}"), "sess-cap", base + i * 1000, "complete");
+    }
+    let o = env.cli(&["list", "--active"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no active runs") && !err.contains("no runs under"), "list --active: {}", describe(&o));
+
+    let o = env.cli(&["list"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let rows = String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("cap-")).count();
+    assert_eq!(rows, 20, "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("showing the newest 20 finished runs; --recent N for more"), "{}", describe(&o));
+
+    // --json keeps its shape: a bare array of the same 20, no note inside.
+    let o = env.cli(&["list", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+    assert_eq!(list_ids(&v).len(), 20);
+
+    // Not capped: no note.
+    let o = env.cli(&["list", "--recent", "30"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("showing the newest"), "{}", describe(&o));
+    let o = env.cli(&["list", "--recent", "5"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("showing the newest 5 finished runs"), "{}", describe(&o));
+}

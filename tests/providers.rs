@@ -589,3 +589,69 @@ fn bridge_requests_of_another_hosts_run_are_served() {
     assert_eq!(read_json(&dir.join("status.json")).unwrap(), st, "the run itself untouched");
     assert!(env.active_dir().join(id).exists());
 }
+
+#[test]
+fn providers_reports_the_running_daemons_config() {
+    let (mut env, eng) = env_with_engine("");
+    // Without a daemon, the CLI's own default config (none here): no providers.
+    let out = env.cli(&["providers", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    assert_eq!(v, json!([]), "{}", describe(&out));
+
+    env.start_daemon();
+    let cfg_path = std::path::absolute(&env.config_path).unwrap();
+    wait_until(Duration::from_secs(30), "daemon.json names the config", || {
+        read_json(&env.daemon_json()).is_some_and(|d| d["config"]["path"] == json!(cfg_path.display().to_string()))
+    });
+    let d = read_json(&env.daemon_json()).unwrap();
+    assert_eq!(d["config"]["providers"], json!([{"name": "engine", "type": "command"}]));
+
+    let out = env.cli(&["providers", "--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    let names: Vec<&str> = v.as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["engine"], "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the config of the running daemon") && err.contains(&cfg_path.display().to_string()), "{err}");
+
+    // The file changes under the daemon: the CLI says the daemon still runs the old set.
+    env.write_config(&config_with(&format!(
+        "[providers.engine]\ntype = \"command\"\ncommand = [\"{0}\"]\n[providers.second]\ntype = \"command\"\ncommand = [\"{0}\"]\n",
+        eng.exe.display()
+    )));
+    let out = env.cli(&["providers"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("changed since the daemon loaded it") && err.contains("engine (command)"), "{err}");
+    // After a reload daemon.json follows.
+    let pid = env.daemon_pid().unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    wait_until(Duration::from_secs(30), "daemon.json lists the reloaded providers", || {
+        read_json(&env.daemon_json()).is_some_and(|d| d["config"]["providers"].as_array().is_some_and(|a| a.len() == 2))
+    });
+    let out = env.cli(&["providers"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("changed since"), "{}", describe(&out));
+}
+
+#[test]
+fn config_check_reports_every_error() {
+    let env = TestEnv::new();
+    let bad = env.base().join("bad.toml");
+    fs::write(
+        &bad,
+        "max_runing = 3\n[watch]\nstrategi = \"poll\"\n\
+         [providers.one]\ntype = \"cmd\"\ncommand = [\"x\"]\n\
+         [providers.two]\ncommand = [\"x\"]\n\
+         [providers.three]\ntype = \"command\"\ncommand = [\"x\"]\ntimeout = 1\n",
+    )
+    .unwrap();
+    let o = env.cli(&["config", "check", "--config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in ["max_runing", "strategi", "providers.one.type is `cmd`", "providers.two", "`timeout`", "5 errors"] {
+        assert!(err.contains(want), "config check does not report {want}:\n{err}");
+    }
+    let o = env.cli(&["config", "check", "--config", bad.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+    assert_eq!(v["errors"].as_array().map(Vec::len), Some(5), "{v:#}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("max_runing")), "{v:#}");
+}

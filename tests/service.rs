@@ -68,7 +68,8 @@ fn install_writes_the_unit_and_enables_it() {
         assert!(log.lines().any(|l| l == want), "{args:?} did not run `{want}`:\n{log}");
     }
     let log = fs::read_to_string(&calls).unwrap();
-    let first: Vec<&str> = log.lines().take(2).collect();
+    // Each command first probes for the user manager (`show-environment`).
+    let first: Vec<&str> = log.lines().filter(|l| !l.ends_with(" show-environment")).take(2).collect();
     assert_eq!(first, ["systemctl --user daemon-reload", "systemctl --user enable runspool.service"]);
     assert!(!unit_path.exists(), "uninstall left the unit behind");
 
@@ -130,4 +131,152 @@ fn shipped_unit_and_plist_are_well_formed() {
 
 fn nix_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
+}
+
+/// A `systemctl` stand-in that fails the way the real one does without a
+/// user bus, recording every call.
+fn busless_systemctl(dir: &Path, log: &Path) {
+    let p = dir.join("systemctl");
+    fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\necho \"systemctl $*\" >> {}\necho 'Failed to connect to bus: No medium found' >&2\nexit 1\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Runs `runspool` with no user manager to find: XDG_RUNTIME_DIR an empty
+/// directory, no session bus, and `path` as the whole PATH.
+fn runspool_without_manager(t: &Path, path: &str, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("HOME", t.join("home"))
+        .env("XDG_CONFIG_HOME", t.join("xdg"))
+        .env("XDG_RUNTIME_DIR", t.join("runtime"))
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env("PATH", path)
+        .output()
+        .unwrap()
+}
+
+fn assert_explains(args: &[&str], out: &std::process::Output, missing: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{args:?}: want exit 69 (no user manager); stderr:\n{err}");
+    assert!(err.contains(missing), "{args:?} does not say what is missing ({missing}):\n{err}");
+    assert!(err.contains("runspool daemon"), "{args:?} does not say how to run without it:\n{err}");
+    assert!(!err.contains("Failed to connect to bus") || err.contains("no systemd user manager"), "{err}");
+}
+
+#[test]
+fn service_commands_explain_a_missing_user_manager() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    for d in ["bin", "home", "xdg", "runtime", "nosystemd"] {
+        fs::create_dir_all(t.join(d)).unwrap();
+    }
+    let calls = t.join("calls");
+    busless_systemctl(&t.join("bin"), &calls);
+    recorder(&t.join("bin"), "journalctl", &calls);
+    // Only the stand-ins and the basics a shell script needs, never the host's systemctl.
+    for tool in ["sh", "echo"] {
+        if let Some(src) = ["/bin", "/usr/bin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.exists()) {
+            std::os::unix::fs::symlink(&src, t.join("bin").join(tool)).unwrap();
+        }
+    }
+    let verbs: [&[&str]; 7] = [
+        &["service", "install"],
+        &["service", "start"],
+        &["service", "stop"],
+        &["service", "restart"],
+        &["service", "status"],
+        &["service", "status", "--json"],
+        &["service", "logs"],
+    ];
+    // 1. systemctl exists but cannot reach a user bus.
+    let with_bus_less = t.join("bin").display().to_string();
+    for args in verbs {
+        let out = runspool_without_manager(t, &with_bus_less, args);
+        assert_explains(args, &out, "no systemd user manager reachable");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("loginctl enable-linger") && err.contains("machinectl shell"), "{args:?}:\n{err}");
+        assert!(err.contains(&format!("no user bus socket at {}", t.join("runtime/bus").display())), "{err}");
+    }
+    let log = fs::read_to_string(&calls).unwrap_or_default();
+    assert!(
+        log.lines().all(|l| l == "systemctl --user show-environment"),
+        "a service command went on past the probe:\n{log}"
+    );
+    // 2. No systemctl at all.
+    let bare = t.join("nosystemd").display().to_string();
+    for args in verbs {
+        let out = runspool_without_manager(t, &bare, args);
+        assert_explains(args, &out, "`systemctl` is not on PATH");
+    }
+    // Nothing was written anywhere: no unit, no directories.
+    for d in ["home", "xdg"] {
+        let left: Vec<_> = walk(&t.join(d));
+        assert!(left.is_empty(), "a refused install left {left:?} under {d}");
+    }
+    // uninstall still removes a unit written earlier (and the enable link), touching no manager.
+    let unit = t.join("xdg/systemd/user/runspool.service");
+    fs::create_dir_all(unit.parent().unwrap().join("default.target.wants")).unwrap();
+    fs::write(&unit, "[Unit]\n").unwrap();
+    let wants = unit.parent().unwrap().join("default.target.wants/runspool.service");
+    std::os::unix::fs::symlink(&unit, &wants).unwrap();
+    let out = runspool_without_manager(t, &bare, &["service", "uninstall"]);
+    assert!(out.status.success(), "uninstall: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!unit.exists() && fs::symlink_metadata(&wants).is_err(), "uninstall left the unit or its link");
+    // doctor gives the same diagnosis and no longer advises `service install`.
+    let out = runspool_without_manager(t, &with_bus_less, &["--root", t.join("root").to_str().unwrap(), "doctor"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("no systemd user manager reachable"), "doctor:\n{text}");
+    assert!(!text.contains("`runspool service install` writes"), "doctor still advises service install:\n{text}");
+}
+
+fn walk(d: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(d).into_iter().flatten().flatten() {
+        out.push(e.path());
+        if e.file_type().is_ok_and(|f| f.is_dir()) {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_failed_install_leaves_nothing_behind() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::create_dir_all(t.join("bin")).unwrap();
+    fs::create_dir_all(t.join("home")).unwrap();
+    let calls = t.join("calls");
+    // A user manager that answers the probe and the reload but refuses to enable.
+    let p = t.join("bin/systemctl");
+    fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\necho \"systemctl $*\" >> {}\ncase \"$2\" in enable) echo 'Failed to enable unit: Access denied' >&2; exit 1;; esac\nexit 0\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = runspool(t, &["--root", t.join("root").to_str().unwrap(), "service", "install"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("Access denied") && err.contains("undid it"), "{err}");
+    let left = walk(&t.join("home"));
+    assert!(left.is_empty(), "a failed install left {left:?}");
+    let log = fs::read_to_string(&calls).unwrap();
+    assert_eq!(log.lines().last(), Some("systemctl --user daemon-reload"), "no reload after the undo:\n{log}");
 }

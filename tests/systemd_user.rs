@@ -378,6 +378,32 @@ fn systemd_user_service() {
     assert_eq!((j["ActiveState"].as_str(), j["SubState"].as_str()), (Some("active"), Some("running")), "{j}");
     assert_eq!(j["MainPID"].as_i64().map(|p| p.to_string()), Some(st["MainPID"].clone()), "{j}");
     assert!(j["StatusText"].as_str().unwrap_or("").starts_with("watching "), "{j}");
+    // doctor under a real user manager: it finds the manager and the enabled unit.
+    let cmd = s.as_user(&bin, &["--root", &root, "doctor"]);
+    let o = s.run("runspool doctor", cmd);
+    let text = stdout_str(&o);
+    assert!(text.lines().any(|l| l.starts_with("ok    manager ")), "{}", describe(&o));
+    assert!(
+        text.lines().any(|l| l.starts_with("ok    unit ") && l.contains("installed and enabled")),
+        "{}",
+        describe(&o)
+    );
+    // docs/operations.md's doctor sample: each check line it shows is this output's, with
+    // <home> and <user> for the paths and the name ("..." stands for lines left out).
+    let doc = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    let start = doc.find("$ runspool doctor\n").expect("docs/operations.md has a doctor sample");
+    let real: Vec<String> =
+        text.lines().map(|l| l.replace(&s.home.display().to_string(), "<home>").replace(&s.user, "<user>")).collect();
+    for want in doc[start..].lines().skip(1).take_while(|l| !l.starts_with("```")) {
+        if want == "..." || want.contains("pid <pid>") {
+            continue;
+        }
+        assert!(
+            real.iter().any(|l| l == want),
+            "docs/operations.md's doctor line is not real output: {want}\nreal:\n{}",
+            real.join("\n")
+        );
+    }
     let first = st["MainPID"].parse::<i64>().unwrap();
     let d = read_json(&s.root().join("runspool/daemon.json")).expect("daemon.json");
     assert_eq!(d["pid"].as_i64(), Some(first), "daemon.json names the service's MainPID");

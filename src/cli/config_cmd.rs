@@ -45,14 +45,29 @@ pub fn check(explicit: Option<&Path>, json_out: bool) -> i32 {
             0
         }
         Err(e) => {
+            // `load` stops at the first error; list them all, each under the file's name as `load` does.
+            let text = path.as_ref().filter(|_| exists).and_then(|p| std::fs::read_to_string(p).ok());
+            let all: Vec<String> = text
+                .map(|t| Config::parse_all(&t).into_iter().map(|x| format!("{shown}: {x}")).collect())
+                .unwrap_or_default();
+            let errors = if all.is_empty() || all[0] != e { vec![e.clone()] } else { all };
             if json_out {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({"ok": false, "path": shown, "source": source, "error": e}))
-                        .unwrap_or_default()
+                    serde_json::to_string_pretty(
+                        &json!({"ok": false, "path": shown, "source": source, "error": e, "errors": errors})
+                    )
+                    .unwrap_or_default()
                 );
             }
-            eprintln!("runspool: the daemon would refuse this configuration: {e}");
+            if errors.len() == 1 {
+                eprintln!("runspool: the daemon would refuse this configuration: {e}");
+            } else {
+                eprintln!("runspool: the daemon would refuse this configuration; {} errors:", errors.len());
+                for x in &errors {
+                    eprintln!("  {x}");
+                }
+            }
             eprintln!("  (a running daemon keeps its current configuration on SIGHUP until this is fixed)");
             1
         }

@@ -269,6 +269,11 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20),
         ));
     }
+    if cfg!(target_os = "macos") {
+        if let Some(why) = crate::service::missing_user_manager() {
+            checks.push(check("manager", "warn", why.replace('\n', " ")));
+        }
+    }
     // Service integration (Linux user services).
     if cfg!(target_os = "linux") {
         let journal = Path::new("/run/systemd/journal/socket").exists();
@@ -277,6 +282,12 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         } else {
             "no journal socket: a service's log is lost unless its stderr goes to a file (a drop-in with StandardOutput=append:FILE, see docs/operations.md); `runspool daemon` in a terminal logs to stderr"
         }));
+        // The same diagnosis `runspool service ...` prints before refusing.
+        let no_manager = crate::service::missing_user_manager();
+        checks.push(match &no_manager {
+            None => check("manager", "ok", "systemd user manager reachable (systemctl --user)"),
+            Some(why) => check("manager", "warn", why.replace('\n', " ")),
+        });
         if let Some(home) = std::env::var_os("HOME") {
             // Installed by `runspool service install` (per user) or by the package (system-wide).
             let unit = [
@@ -292,6 +303,11 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                     "unit",
                     "warn",
                     format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display()),
+                ),
+                (None, _) if no_manager.is_some() => check(
+                    "unit",
+                    "warn",
+                    "no user unit installed, and none can be without a user manager (see `manager`); run `runspool daemon` yourself",
                 ),
                 (None, _) => {
                     check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one")

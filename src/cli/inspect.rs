@@ -99,6 +99,9 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// How many finished runs `list` shows without `--recent`.
+const DEFAULT_RECENT: usize = 20;
+
 pub fn list(
     layout: &Layout,
     active: bool,
@@ -115,8 +118,14 @@ pub fn list(
                 .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want))),
         );
     }
+    // One more than shown, to know whether older finished runs were left out.
+    let limit = recent.unwrap_or(DEFAULT_RECENT);
+    let mut capped = false;
     if !active {
-        out.extend(index::list_recent(layout, session, recent.unwrap_or(20))?);
+        let mut finished = index::list_recent(layout, session, limit.saturating_add(1))?;
+        capped = finished.len() > limit;
+        finished.truncate(limit);
+        out.extend(finished);
     }
     if json {
         let rows: Vec<serde_json::Value> = out.iter().map(listed_json).collect();
@@ -124,7 +133,13 @@ pub fn list(
         return Ok(0);
     }
     if out.is_empty() {
-        eprintln!("no runs under {}", layout.runs().display());
+        if active {
+            eprintln!("no active runs (queued or running) under {}", layout.runs().display());
+        } else if recent.is_some() {
+            eprintln!("no finished runs under {}", layout.runs().display());
+        } else {
+            eprintln!("no runs under {}", layout.runs().display());
+        }
         return Ok(0);
     }
     println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} SESSION", "RUN", "STATE", "MODE", "EXIT", "UPDATED", "BY");
@@ -143,6 +158,9 @@ pub fn list(
             ),
             Err(e) => println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} ({e})", x.run_id, "?", "?", "-", "-", by),
         }
+    }
+    if capped {
+        eprintln!("showing the newest {limit} finished runs; --recent N for more");
     }
     Ok(0)
 }

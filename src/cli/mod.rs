@@ -119,6 +119,7 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
   runspool stop <run> --reason \"superseded by a newer build\"
   runspool stop --interrupt <run>   # SIGINT; the run ends `paused`")]
     Stop {
+        /// Run id, or a unique prefix of 8 or more characters
         run: String,
         /// Why, recorded in the run's status and events
         #[arg(long)]
@@ -138,7 +139,11 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
 
 A packaged runspool ships the unit in /usr/lib/systemd/user/, so
 `systemctl --user enable --now runspool` is enough there; `runspool service
-install` writes a per-user copy (for another root or config) that overrides it."
+install` writes a per-user copy (for another root or config) that overrides it.
+
+Without a user manager (no systemctl or no user bus; on macOS no launchctl)
+every command but `unit` and `uninstall` changes nothing, says what is
+missing and how to get it, and exits 69; `runspool daemon` runs without one."
     )]
     Service(ServiceCmd),
     /// Check the root, the daemon, watching, free space, the service and providers
@@ -157,7 +162,8 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
         json: bool,
     },
     /// List the configured external-job providers and check each (command
-    /// executable, `sinfo` reachable for Slurm); exits 1 when a check fails
+    /// executable, `sinfo` reachable for Slurm; with a daemon running and no
+    /// --config, those of the config it loaded); exits 1 when a check fails
     Providers {
         /// Config file (default: $XDG_CONFIG_HOME/runspool/config.toml)
         #[arg(long, value_name = "FILE")]
@@ -175,6 +181,7 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
   runspool logs --step 1 <run>      # only the second step
   runspool logs -f <run>            # keep printing until the run ends")]
     Logs {
+        /// Run id, or a unique prefix of 8 or more characters
         run: String,
         /// Only this flat step index
         #[arg(long, value_name = "N")]
@@ -302,7 +309,9 @@ pub fn main() -> i32 {
             crate::logging::init_runner();
             crate::runner::main(&run_dir)
         }
-        Cmd::Providers { config, json } => crate::providers::cli_main(config.as_deref(), json),
+        Cmd::Providers { config, json } => {
+            crate::providers::cli_main(config.as_deref(), json, &Layout::resolve(cli.root.as_deref(), None))
+        }
         Cmd::Config(ConfigCmd::Check { config, json }) => config_cmd::check(config.as_deref(), json),
         Cmd::Config(ConfigCmd::Path) => config_cmd::path(),
         Cmd::Completions { shell } => docs::completions(shell, Cli::command()),
@@ -417,5 +426,24 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    /// `--help` never shows an argument or option with a blank help line.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let id = a.get_id().as_str();
+                if a.get_help().is_none() && a.get_long_help().is_none() && !matches!(id, "help" | "version") {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "runspool", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
     }
 }

@@ -62,6 +62,8 @@ pub fn submit(layout: &Layout, a: SubmitArgs) -> anyhow::Result<i32> {
     if let Err(r) = request::validate(&bytes, &value, &AnyProvider) {
         bail!("the request would be rejected ({}): {}", r.code, r.message);
     }
+    // Refused by the daemon, a request there would never be claimed: say so with its words.
+    crate::daemon::check_layout_safety(layout)?;
     let spool = layout.spool();
     super::ensure_dir(&spool)?;
     let name = format!("{run_id}.json");

@@ -103,6 +103,16 @@ pub fn check_dir_safety(path: &Path) -> Result<bool, StartError> {
     Ok(true)
 }
 
+/// `check_dir_safety` of the root, `spool/` and the runs root, in the
+/// daemon's order: what a client checks before it writes into a root the
+/// daemon would refuse, with the daemon's own message. Missing directories pass.
+pub fn check_layout_safety(layout: &Layout) -> Result<(), StartError> {
+    for p in [layout.root.clone(), layout.spool(), layout.runs()] {
+        check_dir_safety(&p)?;
+    }
+    Ok(())
+}
+
 struct Ctx<'a>(&'a Config);
 impl Context for Ctx<'_> {
     fn provider_configured(&self, name: &str) -> bool {
@@ -216,9 +226,7 @@ impl Daemon {
         for d in layout.dirs() {
             fsutil::mkdir_private_all(&d).map_err(io_err(&d))?;
         }
-        for p in [layout.root.clone(), layout.spool(), layout.runs()] {
-            check_dir_safety(&p)?;
-        }
+        check_layout_safety(&layout)?;
         let lock = take_daemon_lock(&layout)?;
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
@@ -248,6 +256,7 @@ impl Daemon {
             },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
+            config: Some(report::ConfigInfo::new(opts.config.as_deref(), &cfg)),
         };
         let previous_start = std::fs::read(layout.daemon_json())
             .ok()
@@ -1220,6 +1229,8 @@ impl Daemon {
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
+        self.report.config = Some(report::ConfigInfo::new(self.config_path.as_deref(), &self.cfg));
+        self.write_report(true);
     }
 
     fn write_report(&mut self, force: bool) {

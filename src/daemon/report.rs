@@ -26,6 +26,45 @@ pub struct DaemonStatus {
     pub runs: RunCounts,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rescan_at: Option<i64>,
+    /// The configuration the daemon runs with (runspool extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigInfo>,
+}
+
+/// `daemon.json` `config`: the file the daemon loaded (null: none, the
+/// defaults) and the providers it configures, so `runspool providers`
+/// describes the running daemon's rather than whatever file the CLI finds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConfigInfo {
+    pub path: Option<String>,
+    pub providers: Vec<ProviderInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProviderInfo {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+impl ConfigInfo {
+    /// `explicit`: the daemon's `--config`; else the default path when that file exists.
+    pub fn new(explicit: Option<&Path>, cfg: &crate::config::Config) -> ConfigInfo {
+        let path = match explicit {
+            Some(p) => Some(p.to_path_buf()),
+            None => crate::config::default_path().filter(|p| p.exists()),
+        };
+        ConfigInfo {
+            path: path.map(|p| std::path::absolute(&p).unwrap_or(p).display().to_string()),
+            providers: ProviderInfo::of(cfg),
+        }
+    }
+}
+
+impl ProviderInfo {
+    pub fn of(cfg: &crate::config::Config) -> Vec<ProviderInfo> {
+        cfg.providers.iter().map(|(name, p)| ProviderInfo { name: name.clone(), kind: p.kind.clone() }).collect()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

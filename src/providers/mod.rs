@@ -264,14 +264,58 @@ pub fn find_executable(name: &str) -> Result<std::path::PathBuf, String> {
 }
 
 /// `runspool providers`: list the configured providers and check each.
-pub fn cli_main(config_path: Option<&Path>, json: bool) -> i32 {
-    let cfg = match config::Config::load(config_path) {
+/// The config a running daemon on `layout` reports it loaded (daemon.json
+/// `config`), with its pid; None when no daemon holds the lock or it does
+/// not say.
+fn running_daemon_config(layout: &crate::store::Layout) -> Option<(u64, crate::daemon::report::ConfigInfo)> {
+    if !crate::store::fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false) {
+        return None;
+    }
+    let bytes = crate::store::fsutil::read_nofollow(&layout.daemon_json(), 1 << 20).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let info = serde_json::from_value(v.get("config")?.clone()).ok()?;
+    Some((v["pid"].as_u64().unwrap_or(0), info))
+}
+
+/// `runspool providers`: without `--config`, and with a daemon running on
+/// the root, the providers of the config that daemon loaded.
+pub fn cli_main(config_path: Option<&Path>, json: bool, layout: &crate::store::Layout) -> i32 {
+    let daemon = if config_path.is_none() { running_daemon_config(layout) } else { None };
+    let loaded = match &daemon {
+        Some((pid, info)) => {
+            let shown = info.path.as_deref().unwrap_or("no config file (the defaults)");
+            eprintln!("runspool providers: the config of the running daemon (pid {pid}): {shown}");
+            match &info.path {
+                Some(p) => config::Config::load(Some(Path::new(p))),
+                None => Ok(config::Config::default()),
+            }
+        }
+        None => config::Config::load(config_path),
+    };
+    let cfg = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("runspool providers: {e}");
+            if let Some((pid, info)) = &daemon {
+                let names: Vec<String> = info.providers.iter().map(|p| format!("{} ({})", p.name, p.kind)).collect();
+                eprintln!(
+                    "runspool providers: the daemon (pid {pid}) still runs with the providers it loaded before: {}",
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                );
+            }
             return 1;
         }
     };
+    if let Some((pid, info)) = &daemon {
+        if crate::daemon::report::ProviderInfo::of(&cfg) != info.providers {
+            let names: Vec<String> = info.providers.iter().map(|p| format!("{} ({})", p.name, p.kind)).collect();
+            eprintln!(
+                "runspool providers: warning: the file changed since the daemon loaded it; the daemon runs with: {}; \
+apply the file with `systemctl --user reload runspool` or `kill -HUP {pid}`",
+                if names.is_empty() { "no providers".to_string() } else { names.join(", ") }
+            );
+        }
+    }
     let checks: Vec<(String, &config::Provider, Result<String, String>)> =
         cfg.providers.iter().map(|(name, p)| (name.clone(), p, build(name, p).check())).collect();
     let failed = checks.iter().filter(|c| c.2.is_err()).count();

@@ -4,7 +4,8 @@
 //! remember them.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
@@ -102,6 +103,108 @@ fn plist_path() -> anyhow::Result<PathBuf> {
     Ok(home()?.join("Library/LaunchAgents").join(format!("{LAUNCHD_LABEL}.plist")))
 }
 
+/// Exit code of every `runspool service` command that finds no user service
+/// manager to talk to (sysexits' EX_UNAVAILABLE): nothing was changed.
+pub const EXIT_NO_MANAGER: i32 = 69;
+
+/// How long the probe waits for `systemctl --user show-environment`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The first executable `name` on PATH.
+fn on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Run `cmd` with its output captured, killing it after `limit`; `Err` says
+/// why it did not succeed (its stderr, its exit code, or the timeout).
+fn probe(cmd: &mut Command, limit: Duration) -> Result<(), String> {
+    let shown = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let shown = format!("`{shown}`");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{shown} did not answer within {} s", limit.as_secs()));
+            }
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.by_ref().take(4096).read_to_string(&mut err);
+    }
+    let err = err.trim();
+    Err(if err.is_empty() {
+        format!("{shown} exited with {}", status.code().unwrap_or(1))
+    } else {
+        format!("{shown} failed: {err}")
+    })
+}
+
+/// Why there is no user service manager to install into or control, with
+/// how to get one and how to run without one. `None`: there is one.
+pub fn missing_user_manager() -> Option<String> {
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "$USER".into());
+    let without = "Without a service manager, run the daemon yourself: `runspool daemon` (in a terminal, tmux, \
+or your own supervisor; it keeps the same root and runs)";
+    if cfg!(target_os = "macos") {
+        return on_path("launchctl").is_none().then(|| {
+            format!("no user service manager: `launchctl` is not on PATH, so no launchd agent can be installed or controlled.\n{without}")
+        });
+    }
+    if on_path("systemctl").is_none() {
+        return Some(format!(
+            "no user service manager: `systemctl` is not on PATH (this system does not run systemd, or PATH lacks it), \
+so no user unit can be installed or controlled.\n{without}"
+        ));
+    }
+    let why = probe(Command::new("systemctl").args(["--user", "show-environment"]), PROBE_TIMEOUT).err()?;
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let bus = match &runtime {
+        None => "XDG_RUNTIME_DIR is not set".to_string(),
+        Some(r) if !r.join("bus").exists() => format!("there is no user bus socket at {}", r.join("bus").display()),
+        Some(r) => format!("the user bus at {} does not answer", r.join("bus").display()),
+    };
+    Some(format!(
+        "no systemd user manager reachable: {bus} ({why}).\n\
+Get one: `loginctl enable-linger {user}` starts a user manager for {user} at boot and keeps it after logout; \
+or log in through a real session (ssh or a console login, not `su`/`sudo`) so one starts; \
+or, as root, `machinectl shell {user}@` opens a session with one.\n{without}"
+    ))
+}
+
+/// `Some(exit code)` after printing the diagnosis when there is no user manager.
+fn require_user_manager(what: &str) -> Option<i32> {
+    let why = missing_user_manager()?;
+    eprintln!("runspool: cannot {what}: {why}");
+    Some(EXIT_NO_MANAGER)
+}
+
 fn run(cmd: &mut Command) -> anyhow::Result<i32> {
     let shown = format!("{cmd:?}");
     let st = cmd.status().with_context(|| format!("cannot run {shown}; is it installed and on PATH?"))?;
@@ -132,24 +235,24 @@ fn launchd_domain() -> String {
 }
 
 pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32> {
+    if let Some(code) = require_user_manager("install the service") {
+        return Ok(code);
+    }
     let exe = std::env::current_exe().context("cannot find the runspool binary's own path")?;
     let args = daemon_args(&exe, root, config);
     if cfg!(target_os = "macos") {
         let log_dir = home()?.join("Library/Logs/runspool");
         std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create {}", log_dir.display()))?;
         let path = plist_path()?;
-        std::fs::create_dir_all(path.parent().unwrap()).ok();
-        std::fs::write(&path, render_plist(&args, &log_dir.join("runspool.log")))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let made = Written::new(&path, &render_plist(&args, &log_dir.join("runspool.log")))?;
         eprintln!("runspool: wrote {}", path.display());
         must(Command::new("launchctl").args(["bootstrap", &launchd_domain()]).arg(&path))?;
+        made.keep();
         eprintln!("runspool: loaded {LAUNCHD_LABEL}; logs in {}", log_dir.display());
         return Ok(0);
     }
     let path = unit_path()?;
-    std::fs::create_dir_all(path.parent().unwrap())
-        .with_context(|| format!("cannot create {}", path.parent().unwrap().display()))?;
-    std::fs::write(&path, render_unit(&args)).with_context(|| format!("cannot write {}", path.display()))?;
+    let made = Written::new(&path, &render_unit(&args))?;
     eprintln!("runspool: wrote {}", path.display());
     if Path::new(PACKAGED_UNIT).exists() {
         eprintln!(
@@ -157,7 +260,13 @@ pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32
         );
     }
     must(&mut systemctl(&["daemon-reload"]))?;
-    must(&mut systemctl(&["enable", UNIT_NAME]))?;
+    if let Err(e) = must(&mut systemctl(&["enable", UNIT_NAME])) {
+        // Undo the reload's effect too once the unit file is gone.
+        drop(made);
+        let _ = run(&mut systemctl(&["daemon-reload"]));
+        return Err(e);
+    }
+    made.keep();
     eprintln!("runspool: enabled; start it with `runspool service start` (or `systemctl --user start runspool`)");
     if let Some(user) = linger_off() {
         eprintln!(
@@ -165,6 +274,65 @@ pub fn install(root: Option<&Path>, config: Option<&Path>) -> anyhow::Result<i32
         );
     }
     Ok(0)
+}
+
+/// A file `install` wrote, and the directories it created for it: removed
+/// again when dropped unless `keep` was called, so a failed install leaves
+/// nothing behind.
+struct Written {
+    path: PathBuf,
+    previous: Option<Vec<u8>>,
+    dirs: Vec<PathBuf>,
+    keep: bool,
+}
+
+impl Written {
+    fn new(path: &Path, text: &str) -> anyhow::Result<Written> {
+        let parent = path.parent().context("the unit path has no directory")?;
+        let mut dirs = Vec::new();
+        let mut d = parent;
+        while !d.exists() {
+            dirs.push(d.to_path_buf());
+            match d.parent() {
+                Some(p) => d = p,
+                None => break,
+            }
+        }
+        let mut w = Written { path: path.to_path_buf(), previous: std::fs::read(path).ok(), dirs, keep: false };
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        w.dirs.reverse();
+        Ok(w)
+    }
+
+    fn keep(mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        match &self.previous {
+            Some(old) => {
+                let _ = std::fs::write(&self.path, old);
+            }
+            None => {
+                let _ = std::fs::remove_file(&self.path);
+                // Innermost first; remove_dir fails (and keeps) a directory something else wrote into.
+                for d in self.dirs.iter().rev() {
+                    let _ = std::fs::remove_dir(d);
+                }
+            }
+        }
+        eprintln!(
+            "runspool: install failed; undid it ({} {})",
+            if self.previous.is_some() { "restored" } else { "removed" },
+            self.path.display()
+        );
+    }
 }
 
 pub fn uninstall() -> anyhow::Result<i32> {
@@ -178,17 +346,38 @@ pub fn uninstall() -> anyhow::Result<i32> {
         return Ok(0);
     }
     let path = unit_path()?;
-    let _ = run(&mut systemctl(&["disable", "--now", UNIT_NAME]));
+    // Without a user manager there is nothing to disable: remove the file alone.
+    let manager = match missing_user_manager() {
+        Some(why) => {
+            eprintln!("runspool: note: {}; removing the unit file only", why.lines().next().unwrap_or_default());
+            false
+        }
+        None => true,
+    };
+    if manager {
+        let _ = run(&mut systemctl(&["disable", "--now", UNIT_NAME]));
+    }
     if path.exists() {
         std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
     }
-    let _ = run(&mut systemctl(&["daemon-reload"]));
+    // `enable` links the unit into default.target.wants; a disable that could not run leaves it dangling.
+    if let Some(wants) = path.parent().map(|p| p.join("default.target.wants").join(UNIT_NAME)) {
+        if std::fs::symlink_metadata(&wants).is_ok_and(|m| m.file_type().is_symlink()) && !wants.exists() {
+            let _ = std::fs::remove_file(&wants);
+        }
+    }
+    if manager {
+        let _ = run(&mut systemctl(&["daemon-reload"]));
+    }
     eprintln!("runspool: removed {} (runs keep running: KillMode=process)", path.display());
     Ok(0)
 }
 
 /// start, stop, restart, status.
 pub fn control(verb: &str) -> anyhow::Result<i32> {
+    if let Some(code) = require_user_manager(&format!("{verb} the service")) {
+        return Ok(code);
+    }
     if cfg!(target_os = "macos") {
         let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain());
         return match verb {
@@ -206,6 +395,9 @@ pub fn control(verb: &str) -> anyhow::Result<i32> {
 /// state and pid lines of `launchctl print`). Exit 0 when the service runs,
 /// 3 when it does not (as `systemctl status`).
 pub fn status_json() -> anyhow::Result<i32> {
+    if let Some(code) = require_user_manager("read the service's status") {
+        return Ok(code);
+    }
     let mut v = serde_json::Map::new();
     let running = if cfg!(target_os = "macos") {
         let target = format!("{}/{LAUNCHD_LABEL}", launchd_domain());
@@ -248,6 +440,9 @@ pub fn status_json() -> anyhow::Result<i32> {
 }
 
 pub fn logs(follow: bool) -> anyhow::Result<i32> {
+    if let Some(code) = require_user_manager("show the service's log") {
+        return Ok(code);
+    }
     if cfg!(target_os = "macos") {
         let log = home()?.join("Library/Logs/runspool/runspool.log");
         let mut c = Command::new("tail");
