@@ -590,7 +590,7 @@ impl Bridge {
         if let Some(v) = self.launched.get(run_id) {
             return *v;
         }
-        let v = dir.join("request.json").is_file()
+        let v = crate::store::run::claimed(dir)
             && match crate::store::run::read_status(dir) {
                 Ok(Some(s)) => s.runner.as_ref().is_none_or(|r| r.hostname == self.me.hostname),
                 _ => false,

@@ -61,7 +61,7 @@ impl DeadRunners {
             return true;
         }
         // Only runs runspool launched (PROTOCOL §14); each is handled once per daemon.
-        if self.settled.contains(run_id) || !run_dir.join("request.json").is_file() {
+        if self.settled.contains(run_id) || !crate::store::run::claimed(run_dir) {
             return false;
         }
         let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
