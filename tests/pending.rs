@@ -85,6 +85,9 @@ fn a_pending_request_is_visible_to_status_wait_and_logs_with_the_daemon_down() {
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     assert!(stdout_str(&o).contains("out-line"), "logs -f follows the run once claimed: {}", describe(&o));
     assert!(marker.exists());
+    // Claimed, the short full id names the run itself.
+    let o = env.cli(&["status", "ab12"]);
+    assert!(stdout_str(&o).contains("state     complete"), "{}", describe(&o));
     let o = env.cli(&["wait", &long]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
     env.check_consistency();
