@@ -11,6 +11,8 @@ pub struct Config {
     pub root: Option<PathBuf>,
     pub max_running: usize,
     pub retention_days: u64,
+    /// Run time limit of a request without `timeoutMs`, in ms; 0 means none.
+    pub default_timeout_ms: u64,
     pub watch: Watch,
     pub storage: Storage,
     pub log: Log,
@@ -85,6 +87,7 @@ impl Default for Config {
             root: None,
             max_running: 4,
             retention_days: 30,
+            default_timeout_ms: crate::protocol::request::DEFAULT_TIMEOUT_MS,
             watch: Watch::default(),
             storage: Storage::default(),
             log: Log::default(),
@@ -178,6 +181,13 @@ impl Config {
         }
         item(&mut out, "max_running", old.max_running.to_string(), self.max_running.to_string(), false);
         item(&mut out, "retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
+        item(
+            &mut out,
+            "default_timeout_ms",
+            old.default_timeout_ms.to_string(),
+            self.default_timeout_ms.to_string(),
+            false,
+        );
         item(&mut out, "watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
         item(
             &mut out,
@@ -245,6 +255,13 @@ impl Config {
         let mut out = Vec::new();
         if self.max_running == 0 {
             out.push("max_running is 0; set it to 1 or more".into());
+        }
+        if self.default_timeout_ms > crate::protocol::request::MAX_TIMEOUT_MS {
+            out.push(format!(
+                "default_timeout_ms is {}; use at most {} (7 days), or 0 for no limit",
+                self.default_timeout_ms,
+                crate::protocol::request::MAX_TIMEOUT_MS
+            ));
         }
         if !matches!(self.watch.strategy.as_str(), "auto" | "native" | "poll") {
             out.push(format!("watch.strategy is `{}`; use auto, native or poll", self.watch.strategy));
@@ -428,6 +445,7 @@ mod tests {
         for key in [
             "max_running",
             "retention_days",
+            "default_timeout_ms",
             "strategy",
             "poll_interval_ms",
             "rescan_interval_s",

@@ -19,6 +19,10 @@ E='@DIR@'
 op=$1
 input=$(cat)
 printf '%s %s\n' "$op" "$input" >> "$E/calls.log"
+if [ "$op" = result ] && [ -e "$E/result-broken" ]; then
+    echo '{"code":"result-broken","message":"the engine lost the output"}'
+    exit 3
+fi
 field() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
 escape() { sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/	/\\t/g' "$1" | awk '{ printf "%s%sn", $0, "\\" }'; }
 case "$op" in
@@ -194,6 +198,31 @@ fn failing_job_fails_the_run_with_the_engine_reason() {
     // The failed job's output was still fetched.
     let text = fs::read_to_string(env.run_dir(id).join("external-job-0.result.md")).unwrap();
     assert!(text.contains("about-to-fail"), "{text}");
+    env.check_consistency();
+}
+
+#[test]
+fn a_failed_result_operation_fails_the_step_and_the_run() {
+    let (mut env, eng) = env_with_engine("");
+    fs::write(eng.dir.join("result-broken"), "").unwrap();
+    env.start_daemon();
+    let id = "ext-result-broken";
+    env.submit(&request(
+        Some(id),
+        &env.work,
+        vec![ext_step("remote", "engine", "echo fine"), sh_step("never", "echo x")],
+    ));
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "failed", "{st:#}");
+    assert_ne!(st["exitCode"], 0, "{st:#}");
+    let s0 = &st["steps"][0];
+    assert_eq!(s0["status"], "failed", "{st:#}");
+    assert_ne!(s0["exitCode"], 0, "{st:#}");
+    let err = s0["error"].as_str().unwrap_or_default();
+    assert!(err.contains("result-broken") && err.contains("the engine lost the output"), "{err}");
+    assert_eq!(s0["externalJob"]["failureCode"], "result-broken", "{st:#}");
+    assert_eq!(st["steps"][1]["error"], "skipped: an earlier step failed");
+    assert_eq!(eng.count("result"), 1, "{:?}", eng.calls());
     env.check_consistency();
 }
 

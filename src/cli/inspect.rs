@@ -6,13 +6,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::json;
 
+use super::pending::Target;
 use crate::protocol::status::{State, Status, StepState};
 use crate::store::layout::RunPaths;
 use crate::store::{fsutil, index, run, Layout};
-
-pub fn resolve(layout: &Layout, run: &str) -> anyhow::Result<String> {
-    super::resolve_run(layout, run)
-}
 
 fn load(layout: &Layout, id: &str) -> anyhow::Result<Status> {
     run::read_status(&layout.run_dir(id))?
@@ -52,7 +49,11 @@ fn listed_json(x: &index::Listed) -> serde_json::Value {
 }
 
 pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
-    let id = resolve(layout, run)?;
+    let id = match super::pending::resolve(layout, run)? {
+        Target::Run(id) => id,
+        Target::Pending(p) => return super::pending::status(layout, &p, json),
+        Target::Rejected { name, error_file } => return super::pending::rejected_status(&name, &error_file),
+    };
     if json {
         let raw = fsutil::read_nofollow(&RunPaths::status(&layout.run_dir(&id)), 64 * 1024 * 1024)?;
         std::io::stdout().write_all(&raw)?;
@@ -221,6 +222,28 @@ pub fn wait(
             );
         }
         if let Some(t) = timeout {
+            if start.elapsed() >= t && spool_name.is_some() && run::read_status(&dir).ok().flatten().is_none() {
+                progress.clear();
+                let name = spool_name.unwrap_or_default();
+                if !super::pending::daemon_running(layout) {
+                    eprintln!(
+                        "runspool: gave up waiting for {id} after {}: no daemon runs under {}, so the request is \
+                         still pending in {}; start one (`runspool daemon` or `runspool service start`) or withdraw it \
+                         (`runspool stop {id}`)",
+                        fmt_elapsed(t.as_secs()),
+                        layout.root.display(),
+                        layout.spool().join(name).display()
+                    );
+                    return Ok(3);
+                }
+                eprintln!(
+                    "runspool: gave up waiting for {id} after {}: the request is still pending in {}; \
+                     it runs when the daemon claims it (see `runspool status {id}`)",
+                    fmt_elapsed(t.as_secs()),
+                    layout.spool().join(name).display()
+                );
+                return Ok(124);
+            }
             if start.elapsed() >= t {
                 progress.clear();
                 eprintln!(
@@ -297,7 +320,21 @@ impl Progress {
 }
 
 pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool) -> anyhow::Result<i32> {
-    let id = resolve(layout, run)?;
+    let id = match super::pending::resolve(layout, run)? {
+        Target::Run(id) => id,
+        // Not yet claimed: withdrawn (an interrupt too: there is nothing to pause), unless the daemon wins.
+        Target::Pending(p) => match super::pending::stop(layout, &p, reason.as_deref())? {
+            Some(id) => id,
+            None => return Ok(0),
+        },
+        Target::Rejected { name, error_file } => {
+            let (code, message) = super::pending::read_error(&error_file);
+            bail!(
+                "{name} was refused before it ran ({code}: {message}); nothing to stop (see {})",
+                error_file.display()
+            )
+        }
+    };
     let s = load(layout, &id)?;
     if !run::ownership(&layout.run_dir(&id), Some(&s)).is_ours() {
         bail!(
@@ -334,7 +371,34 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
 }
 
 pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_out: bool) -> anyhow::Result<i32> {
-    let id = resolve(layout, run)?;
+    let id = match super::pending::resolve(layout, run)? {
+        Target::Run(id) => id,
+        Target::Pending(p) if follow => {
+            if !super::pending::await_claim(layout, &p, None)? {
+                let ef = super::pending::error_file(layout, &p.name);
+                let (code, message) = super::pending::read_error(&ef);
+                eprintln!("runspool: {} was refused before it ran ({code}): {message} (see {})", p.name, ef.display());
+                return Ok(2);
+            }
+            p.run_id
+        }
+        Target::Pending(p) => {
+            eprintln!(
+                "runspool: {} is pending in the spool (for {}); no output yet (`runspool logs -f {}` waits for it)",
+                p.run_id,
+                super::pending::age(p.since_ms),
+                p.run_id
+            );
+            return Ok(0);
+        }
+        Target::Rejected { name, error_file } => {
+            let (code, message) = super::pending::read_error(&error_file);
+            bail!(
+                "{name} was refused before it ran ({code}: {message}); it has no output (see {})",
+                error_file.display()
+            )
+        }
+    };
     let dir = layout.run_dir(&id);
     let s = load(layout, &id)?;
     let steps: Vec<usize> = match step {

@@ -6,12 +6,13 @@ mod docs;
 mod doctor;
 pub use doctor::inotify_usage;
 mod inspect;
+mod pending;
 mod submit;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::store::Layout;
@@ -71,7 +72,7 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
 (checked by the CLI too, under the root, against storage.min_free_bytes); 5 it is unresponsive
 (daemon.json not rewritten for over 180 s while the daemon holds its lock).")]
     Status {
-        /// Run id, or a unique prefix of 8 or more characters
+        /// Run id (also of a request still in the spool, or its file name), or a unique prefix of 8 or more characters
         run: Option<String>,
         /// Print status.json as it is on disk
         #[arg(long)]
@@ -101,11 +102,13 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
     #[command(
         after_help = "On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
         otherwise a plain line is printed whenever the state or the running step changes.\n\n\
-        Exit codes: the run's exit code; 124 when --timeout expires (the run goes on); 2 when the request was rejected.\n\n\
+        A request still in the spool is waited on through its claim.\n\n\
+        Exit codes: the run's exit code; 124 when --timeout expires (the run goes on); 3 when it expires with the\n\
+        request still in the spool and no daemon running; 2 when the request was rejected.\n\n\
         Examples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json"
     )]
     Wait {
-        /// Run id, or a unique prefix of 8 or more characters
+        /// Run id (also of a request still in the spool, or its file name), or a unique prefix of 8 or more characters
         run: String,
         /// Give up after this long (500ms, 30s, 5m, 1h); exit code 124
         #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -114,12 +117,16 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
         #[arg(long)]
         json: bool,
     },
-    /// Ask a run to stop (writes control/stop.json; the runner acts on it)
+    /// Ask a run to stop (writes a stop request; the runner acts on it), or withdraw a request not yet claimed
     #[command(after_help = "Examples:
   runspool stop <run> --reason \"superseded by a newer build\"
-  runspool stop --interrupt <run>   # SIGINT; the run ends `paused`")]
+  runspool stop --interrupt <run>   # SIGINT; the run ends `paused`
+
+A request still in the spool is withdrawn: moved to spool/rejected/ with code `withdrawn`, under the same lock
+the daemon's claim takes, so it either never runs or, when the daemon claimed it first, its run is stopped.")]
     Stop {
-        /// Run id, or a unique prefix of 8 or more characters
+        /// Run id (also of a request still in the spool, which is then withdrawn), or a unique prefix of 8 or more
+        /// characters
         run: String,
         /// Why, recorded in the run's status and events
         #[arg(long)]
@@ -181,7 +188,8 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
   runspool logs --step 1 <run>      # only the second step
   runspool logs -f <run>            # keep printing until the run ends")]
     Logs {
-        /// Run id, or a unique prefix of 8 or more characters
+        /// Run id (also of a request still in the spool: -f waits for its claim), or a unique prefix of 8 or more
+        /// characters
         run: String,
         /// Only this flat step index
         #[arg(long, value_name = "N")]
@@ -341,9 +349,7 @@ pub fn main() -> i32 {
                 Cmd::List { active, recent, session, json } => {
                     inspect::list(&layout, active, recent, session.as_deref(), json)
                 }
-                Cmd::Wait { run, timeout, json } => {
-                    inspect::resolve(&layout, &run).and_then(|id| inspect::wait(&layout, &id, timeout, None, json))
-                }
+                Cmd::Wait { run, timeout, json } => pending::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow, json } => inspect::logs(&layout, &run, step, follow, json),
                 Cmd::Service(sc) => match sc {
@@ -382,33 +388,6 @@ pub fn main() -> i32 {
                 }
             }
         }
-    }
-}
-
-/// Resolve a run id or a unique prefix of at least 8 characters.
-pub(crate) fn resolve_run(layout: &Layout, run: &str) -> anyhow::Result<String> {
-    if crate::protocol::is_id(run, 128) && layout.run_dir(run).join("status.json").exists() {
-        return Ok(run.to_string());
-    }
-    if run.len() < 8 {
-        bail!(
-            "no run `{run}` under {}; give the full run id or a prefix of 8 or more characters",
-            layout.runs().display()
-        );
-    }
-    let mut found = Vec::new();
-    let rd = std::fs::read_dir(layout.runs()).with_context(|| format!("cannot read {}", layout.runs().display()))?;
-    for e in rd.flatten() {
-        if let Some(n) = e.file_name().to_str() {
-            if n.starts_with(run) && !n.starts_with('.') {
-                found.push(n.to_string());
-            }
-        }
-    }
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        0 => bail!("no run matches `{run}` under {}; see `runspool list`", layout.runs().display()),
-        n => bail!("`{run}` matches {n} runs ({}); give more characters", found.join(", ")),
     }
 }
 

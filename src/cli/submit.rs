@@ -13,11 +13,14 @@ use crate::store::{fsutil, Layout};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --file request.json"
+    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --file request.json\n\n\
+The run's time limit defaults to the daemon's `default_timeout_ms` (30 minutes unless configured; 0: none).\n\
+Exit codes with --wait: the run's exit code; 124 when --wait-timeout expires (the run or request goes on);\n\
+2 when the request was rejected."
 )]
 pub struct SubmitArgs {
     /// Publish this request file as it is (a runId is added when it has none)
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "timeout", "priority", "session"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "run_timeout", "timeout", "priority", "session"])]
     file: Option<PathBuf>,
     /// Run id (default: a new UUID)
     #[arg(long, value_name = "ID")]
@@ -31,8 +34,11 @@ pub struct SubmitArgs {
     /// Environment variable for the step, repeatable
     #[arg(long, value_name = "K=V")]
     env: Vec<String>,
-    /// Run time limit (500ms, 30s, 5m, 1h; default 30m)
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration)]
+    /// The run's time limit (500ms, 30s, 5m, 1h; default: the daemon's default_timeout_ms, 30m unless configured)
+    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, conflicts_with = "timeout")]
+    run_timeout: Option<Duration>,
+    /// Deprecated: the run's time limit; use --run-timeout (or --wait-timeout for how long --wait waits)
+    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, hide = true)]
     timeout: Option<Duration>,
     /// Queue priority, -1000 to 1000; higher runs first
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
@@ -40,6 +46,9 @@ pub struct SubmitArgs {
     /// Wait for the run to end and exit with its exit code
     #[arg(long)]
     wait: bool,
+    /// With --wait: give up waiting after this long (exit 124; the run goes on)
+    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, requires = "wait")]
+    wait_timeout: Option<Duration>,
     /// The command and its arguments (after --)
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -53,7 +62,14 @@ impl request::Context for AnyProvider {
     }
 }
 
-pub fn submit(layout: &Layout, a: SubmitArgs) -> anyhow::Result<i32> {
+pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
+    if let Some(t) = a.timeout.take() {
+        eprintln!(
+            "runspool: warning: `submit --timeout` is deprecated: it sets the run's time limit, not how long --wait \
+             waits; use --run-timeout for the run's limit and --wait-timeout for the wait"
+        );
+        a.run_timeout = Some(t);
+    }
     let (bytes, run_id) = match &a.file {
         Some(f) => from_file(f, a.run_id.as_deref())?,
         None => from_args(&a)?,
@@ -85,7 +101,7 @@ pub fn submit(layout: &Layout, a: SubmitArgs) -> anyhow::Result<i32> {
         );
     }
     if a.wait {
-        return super::inspect::wait(layout, &run_id, None, Some(&name), false);
+        return super::inspect::wait(layout, &run_id, a.wait_timeout, Some(&name), false);
     }
     Ok(0)
 }
@@ -136,7 +152,7 @@ fn from_args(a: &SubmitArgs) -> anyhow::Result<(Vec<u8>, String)> {
     if !env.is_empty() {
         req["env"] = json!(env);
     }
-    if let Some(t) = a.timeout {
+    if let Some(t) = a.run_timeout {
         req["timeoutMs"] = json!(t.as_millis() as u64);
     }
     if a.priority != 0 {

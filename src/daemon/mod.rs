@@ -118,6 +118,9 @@ impl Context for Ctx<'_> {
     fn provider_configured(&self, name: &str) -> bool {
         self.0.providers.contains_key(name)
     }
+    fn default_timeout_ms(&self) -> u64 {
+        self.0.default_timeout_ms
+    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]

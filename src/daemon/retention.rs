@@ -85,7 +85,17 @@ fn remove_leftovers(runs: &Path) {
     let Ok(rd) = std::fs::read_dir(runs) else { return };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let ours = name.starts_with(".deleting-run-") || name.starts_with(super::spool::STAGING_PREFIX);
+        // A staging directory may be a client's at work (`runspool stop` of a
+        // pending request builds its rejected run there): only an old one is a leftover.
+        let staging = name.starts_with(super::spool::STAGING_PREFIX);
+        let old = || {
+            e.metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a.as_secs() >= 60)
+        };
+        let ours = name.starts_with(".deleting-run-") || (staging && old());
         if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }

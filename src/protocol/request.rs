@@ -179,6 +179,7 @@ impl Request {
         self.session_id.as_deref().unwrap_or("default")
     }
 
+    /// The run time limit in ms; 0 means none (config `default_timeout_ms = 0`).
     pub fn timeout(&self) -> u64 {
         self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
     }
@@ -203,6 +204,11 @@ impl Step {
 /// What the validator needs to know about the daemon.
 pub trait Context {
     fn provider_configured(&self, name: &str) -> bool;
+    /// The run time limit of a request without `timeoutMs` (config
+    /// `default_timeout_ms`); 0 means none.
+    fn default_timeout_ms(&self) -> u64 {
+        DEFAULT_TIMEOUT_MS
+    }
     fn is_dir(&self, path: &str) -> bool {
         std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false)
     }
@@ -249,6 +255,9 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
         }
     })?;
     check(&req, ctx)?;
+    let mut req = req;
+    // The default is the claimer's: settled here, once, into the run's status.
+    req.timeout_ms = req.timeout_ms.or(Some(ctx.default_timeout_ms()));
     Ok(req)
 }
 

@@ -473,7 +473,15 @@ impl Driver {
                 None,
             );
         }
-        let output_file = self.fetch_result(&jid);
+        let output_file = match self.fetch_result(&jid) {
+            Ok(f) => f,
+            // The job finished but its result could not be had: the step has
+            // no output to hand on, so it must not pass for a success.
+            Err((code, message)) if state == JobState::Completed => {
+                return self.bridge_failure(&code, &format!("result of job {jid} failed: {message}"));
+            }
+            Err(_) => None, // the job's own failure, below, is the reason that counts
+        };
         if state == JobState::Completed {
             return self.outcome(Kind::Completed, None, output_file);
         }
@@ -486,27 +494,28 @@ impl Driver {
         )
     }
 
-    /// Ask for the result and store it; returns the step's output file.
-    fn fetch_result(&mut self, jid: &str) -> Option<String> {
+    /// Ask for the result and store it; returns the step's output file, or
+    /// the provider's code and message when the `result` operation failed.
+    fn fetch_result(&mut self, jid: &str) -> Result<Option<String>, (String, String)> {
         match self.request(request_id(Operation::Result, self.i), Operation::Result, Some(jid.to_string()), true) {
             Ok(h) => {
                 if let Some(p) = &h.artifact_path {
                     self.job.insert("resultArtifactPath".into(), json!(p));
                     self.publish(Some(format!("job {jid}: result in {p}")));
-                    return Some(p.clone());
+                    return Ok(Some(p.clone()));
                 }
                 let path = self.dir.join(format!("external-job-{}.result.md", self.i));
                 match fsutil::write_atomic(&path, h.output.as_deref().unwrap_or("").as_bytes(), true) {
                     Ok(()) => {
                         self.publish(Some(format!("job {jid}: result in {}", path.display())));
-                        Some(path.display().to_string())
+                        Ok(Some(path.display().to_string()))
                     }
                     Err(e) => {
                         let _ = fsutil::append_line(
                             &self.out,
                             format!("runspool: cannot write {}: {e}", path.display()).as_bytes(),
                         );
-                        None
+                        Ok(None)
                     }
                 }
             }
@@ -515,9 +524,9 @@ impl Driver {
                     &self.out,
                     format!("runspool: result of job {jid} failed: {code}: {message}").as_bytes(),
                 );
-                None
+                Err((code, message))
             }
-            Err(Fail::Interrupted) => None,
+            Err(Fail::Interrupted) => Ok(None),
         }
     }
 

@@ -27,6 +27,9 @@ use crate::store::run::{event, update_status};
 use crate::store::{results, Layout, Writer};
 
 /// Variables that belong to the service manager and must not leak into steps.
+/// The run "deadline" of a run without a time limit (`timeoutMs` 0): ten years.
+const NO_LIMIT_MS: u64 = 10 * 365 * 86_400_000;
+
 pub const SCRUBBED_ENV: &[&str] =
     &["NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "JOURNAL_STREAM"];
 
@@ -196,7 +199,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         }
         s.state = State::Running;
         s.started_at = now;
-        s.deadline_at = Some(now + s.timeout_ms as i64);
+        // timeoutMs 0: no run time limit (config `default_timeout_ms = 0`).
+        s.deadline_at = (s.timeout_ms > 0).then(|| now + s.timeout_ms as i64);
         s.pid = Some(pid);
         s.runner = Some(RunnerInfo {
             pid,
@@ -221,7 +225,8 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     waker.set_nonblocking(true)?;
     signal_hook::low_level::pipe::register(libc::SIGCHLD, waker.try_clone()?)?;
     let post = Post { tx, wake: Arc::new(waker) };
-    let run_deadline = Instant::now() + Duration::from_millis(status.timeout_ms);
+    let run_deadline =
+        Instant::now() + Duration::from_millis(if status.timeout_ms > 0 { status.timeout_ms } else { NO_LIMIT_MS });
     let mut r = Runner {
         layout,
         dir,
