@@ -11,8 +11,81 @@ use anyhow::Context as _;
 pub fn completions(shell: clap_complete::Shell, cmd: clap::Command) -> i32 {
     let mut cmd = visible_only(&cmd);
     let name = cmd.get_name().to_string();
-    clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, name.clone(), &mut script);
+    let script = with_run_ids(shell, &String::from_utf8_lossy(&script), &name, &run_commands(&cmd));
+    let _ = std::io::stdout().write_all(script.as_bytes());
     0
+}
+
+/// The subcommands whose positional argument names runs (`run` or `runs`).
+fn run_commands(cmd: &clap::Command) -> Vec<String> {
+    cmd.get_subcommands()
+        .filter(|s| s.get_positionals().any(|a| matches!(a.get_id().as_str(), "run" | "runs")))
+        .map(|s| s.get_name().to_string())
+        .collect()
+}
+
+/// Teach the generated script to complete run arguments with the ids
+/// `<bin> __complete-runs` lists (runs and pending requests under the root
+/// of the environment: $RUNSPOOL_ROOT and the rest, as every command).
+fn with_run_ids(shell: clap_complete::Shell, script: &str, bin: &str, cmds: &[String]) -> String {
+    use clap_complete::Shell;
+    let list = cmds.join(" ");
+    match shell {
+        Shell::Bash => {
+            let alts = cmds.join("|");
+            format!(
+                r#"{script}
+_{bin}_with_run_ids() {{
+    _{bin} "$@"
+    local i w sub=""
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        w="${{COMP_WORDS[i]}}"
+        case "$w" in
+            --root) ((i++)) ;;
+            -*) ;;
+            *) sub="$w"; break ;;
+        esac
+    done
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+    case "$sub" in
+        {alts}) ;;
+        *) return 0 ;;
+    esac
+    case "$prev" in --root|--reason|--step|--timeout|--lines|-n) return 0 ;; esac
+    [[ "$cur" == -* ]] && return 0
+    local ids
+    ids=$({bin} __complete-runs 2>/dev/null)
+    COMPREPLY=( $(compgen -W "$ids" -- "$cur") )
+}}
+complete -F _{bin}_with_run_ids -o bashdefault -o default {bin}
+"#
+            )
+        }
+        Shell::Zsh => {
+            let mut out = String::new();
+            for line in script.lines() {
+                let is_run = ["':run -- ", "'::run -- ", "'*::runs -- ", "'*:runs -- "].iter().any(|p| line.starts_with(p));
+                match line.strip_suffix(":_default' \\").filter(|_| is_run) {
+                    Some(head) => out.push_str(&format!("{head}:_{bin}_run_ids' \\")),
+                    None => out.push_str(line),
+                }
+                out.push('\n');
+                if line.starts_with("#compdef") {
+                    out.push_str(&format!(
+                        "\n_{bin}_run_ids() {{\n    local -a ids\n    ids=(${{(f)\"$({bin} __complete-runs 2>/dev/null)\"}})\n    \
+                         compadd -a ids\n}}\n"
+                    ));
+                }
+            }
+            out
+        }
+        Shell::Fish => format!(
+            "{script}complete -c {bin} -n \"__fish_{bin}_using_subcommand {list}\" -f -a \"({bin} __complete-runs 2>/dev/null)\"\n"
+        ),
+        _ => script.to_string(),
+    }
 }
 
 /// `cmd` without its hidden subcommands (`runner`): clap_complete offers
@@ -158,7 +231,7 @@ mod tests {
         let full = crate::cli::Cli::command();
         let vis = visible_only(&full);
         let names = |c: &clap::Command| c.get_subcommands().map(|s| s.get_name().to_string()).collect::<Vec<_>>();
-        let want: Vec<String> = names(&full).into_iter().filter(|n| n != "runner").collect();
+        let want: Vec<String> = names(&full).into_iter().filter(|n| n != "runner" && n != "__complete-runs").collect();
         assert_eq!(names(&vis), want);
         let svc = |c: &clap::Command| c.find_subcommand("service").map(names).unwrap();
         assert_eq!(svc(&vis), svc(&full));

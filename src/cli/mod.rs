@@ -6,6 +6,7 @@ mod docs;
 mod doctor;
 pub use doctor::inotify_usage;
 mod inspect;
+mod manage;
 mod pending;
 mod submit;
 
@@ -220,6 +221,58 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Submit a finished run's request again as a new run (prints the new run id)
+    #[command(after_help = "Examples:
+  runspool restart 3f2a9c1e                 # prints the new run id
+  runspool wait \"$(runspool restart build-42)\"
+
+The new request is the old run's request.json with a new runId and `restartOf` naming the old run
+(shown in the new run's status.json). Only finished runs runspool launched can be restarted.")]
+    Restart {
+        /// Run id, or a unique prefix of 8 or more characters, of a finished run runspool launched
+        run: String,
+        /// Print {"runId", "restartOf", "request"} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove finished runs of runspool's: their results, index entries and run directories
+    #[command(after_help = "Examples:
+  runspool rm 3f2a9c1e build-42
+
+Every run is checked first and nothing is removed when one is refused: an active run, a run whose runner
+still holds its lock, or a run another host launched (runspool never removes those).")]
+    Rm {
+        /// Run ids, or unique prefixes of 8 or more characters, of finished runs runspool launched
+        #[arg(required = true)]
+        runs: Vec<String>,
+        /// Print {"removed": [...]} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every finished run of runspool's, or those older than a duration or in one state
+    #[command(after_help = "Examples:
+  runspool clean --dry-run                 # list what would go
+  runspool clean --older-than 7d
+  runspool clean --state failed --json
+
+`paused` runs are kept unless --state paused; active runs and other hosts' runs are never removed.")]
+    Clean {
+        /// Only runs that ended longer ago than this (500ms, 30s, 5m, 1h, 2d)
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        older_than: Option<Duration>,
+        /// Only runs in this state (complete, failed, stopped, rejected, paused, ...)
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        /// List what would be removed, remove nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print {"removed": [...], "dryRun": bool} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List run ids for shell completion (used by the scripts `completions` prints)
+    #[command(name = "__complete-runs", hide = true)]
+    CompleteRuns,
 }
 
 #[derive(Subcommand)]
@@ -373,6 +426,12 @@ pub fn main() -> i32 {
                         crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
                     }
                 },
+                Cmd::Restart { run, json } => manage::restart(&layout, &run, json),
+                Cmd::Rm { runs, json } => manage::rm(&layout, &runs, json),
+                Cmd::Clean { older_than, state, dry_run, json } => {
+                    manage::clean(&layout, older_than, state.as_deref(), dry_run, json)
+                }
+                Cmd::CompleteRuns => Ok(manage::complete_runs(&layout)),
                 Cmd::Daemon { .. }
                 | Cmd::Runner { .. }
                 | Cmd::Providers { .. }

@@ -79,6 +79,11 @@ fn entries(layout: &Layout) -> Vec<Pending> {
     rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter_map(|n| entry(layout, &n)).collect()
 }
 
+/// The run ids the requests waiting in the spool will get.
+pub(crate) fn pending_ids(layout: &Layout) -> Vec<String> {
+    entries(layout).into_iter().map(|p| p.run_id).collect()
+}
+
 /// An exact match of `arg`: a run id, a pending request's run id or file
 /// name, or a settled rejection's name.
 fn exact(layout: &Layout, arg: &str) -> Option<Target> {

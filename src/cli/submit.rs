@@ -74,8 +74,25 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
         Some(f) => from_file(f, a.run_id.as_deref())?,
         None => from_args(&a)?,
     };
-    let value = request::parse(&bytes).map_err(|r| anyhow::anyhow!("{}", r.message))?;
-    if let Err(r) = request::validate(&bytes, &value, &AnyProvider) {
+    let name = publish(layout, &bytes, &run_id)?;
+    println!("{run_id}");
+    if !daemon_running(layout) {
+        eprintln!(
+            "runspool: note: no daemon holds {}; the request waits in the spool until one starts (`runspool daemon`)",
+            layout.daemon_lock().display()
+        );
+    }
+    if a.wait {
+        return super::inspect::wait(layout, &run_id, a.wait_timeout, Some(&name), false);
+    }
+    Ok(0)
+}
+
+/// Check a request as the daemon would and publish it in the spool as
+/// `<run_id>.json` (never replacing one); returns its file name there.
+pub(crate) fn publish(layout: &Layout, bytes: &[u8], run_id: &str) -> anyhow::Result<String> {
+    let value = request::parse(bytes).map_err(|r| anyhow::anyhow!("{}", r.message))?;
+    if let Err(r) = request::validate(bytes, &value, &AnyProvider) {
         bail!("the request would be rejected ({}): {}", r.code, r.message);
     }
     // Refused by the daemon, a request there would never be claimed: say so with its words.
@@ -88,22 +105,12 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
         bail!("{} already exists: a request with run id `{run_id}` is waiting to be claimed", target.display());
     }
     let tmp = spool.join(format!(".submit-{}.tmp", uuid::Uuid::new_v4()));
-    fsutil::write_atomic(&tmp, &bytes, true).with_context(|| format!("cannot write {}", tmp.display()))?;
+    fsutil::write_atomic(&tmp, bytes, true).with_context(|| format!("cannot write {}", tmp.display()))?;
     if let Err(e) = crate::platform::rename_noreplace(&tmp, &target) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("cannot publish {}", target.display()));
     }
-    println!("{run_id}");
-    if !daemon_running(layout) {
-        eprintln!(
-            "runspool: note: no daemon holds {}; the request waits in the spool until one starts (`runspool daemon`)",
-            layout.daemon_lock().display()
-        );
-    }
-    if a.wait {
-        return super::inspect::wait(layout, &run_id, a.wait_timeout, Some(&name), false);
-    }
-    Ok(0)
+    Ok(name)
 }
 
 fn daemon_running(layout: &Layout) -> bool {

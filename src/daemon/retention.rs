@@ -66,7 +66,7 @@ fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<Status> {
 /// Results and index entries first, then the marker, then the directory: a
 /// crash in between leaves a terminal run without its marker, which the next
 /// start publishes again and the next sweep removes.
-fn remove_run(l: &Layout, s: &Status, marker: &Path) {
+pub(crate) fn remove_run(l: &Layout, s: &Status, marker: &Path) {
     let _ = fsutil::remove_if_exists(&l.results().join(format!("{}.json", s.run_id)));
     let _ = fsutil::remove_if_exists(
         &l.results().join("result-index/sessions").join(seg(&s.session_id)).join(format!("{}.json", seg250(&s.run_id))),
@@ -77,7 +77,7 @@ fn remove_run(l: &Layout, s: &Status, marker: &Path) {
     if std::fs::rename(l.run_dir(&s.run_id), &tomb).is_ok() {
         let _ = std::fs::remove_dir_all(&tomb);
     }
-    tracing::info!(run_id = %s.run_id, "retention removed an old run");
+    tracing::info!(run_id = %s.run_id, "removed a run");
 }
 
 /// Finish removals cut short by a crash.

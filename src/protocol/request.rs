@@ -54,6 +54,10 @@ pub struct Request {
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub priority: i64,
+    /// The run this one was restarted from (`runspool restart`): a run id,
+    /// recorded as `restartOf` in the new run's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_of: Option<String>,
     pub steps: Vec<Item>,
 }
 
@@ -443,6 +447,14 @@ fn check(r: &Request, ctx: &dyn Context) -> Result<(), Rejection> {
             )));
         }
     }
+    if let Some(id) = &r.restart_of {
+        if !super::is_id(id, 128) {
+            return Err(field(format!(
+                "field `restartOf` is `{}`; it must be a run id matching [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}",
+                id.escape_debug()
+            )));
+        }
+    }
     check_len("sessionId", &r.session_id, 4096)?;
     check_len("toolCallId", &r.tool_call_id, 4096)?;
     check_len("completionOwnerId", &r.completion_owner_id, 256)?;
@@ -538,6 +550,8 @@ mod tests {
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":[""]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","steps":[{"command":["a\u0000"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"runId":"../x","cwd":"/","steps":[{"command":["a"]}]}"#), "invalid-field");
+        assert_eq!(code(r#"{"version":1,"cwd":"/","restartOf":"../x","steps":[{"command":["a"]}]}"#), "invalid-field");
+        assert!(v(r#"{"version":1,"cwd":"/","restartOf":"run-1","steps":[{"command":["a"]}]}"#).is_ok());
         assert_eq!(code(r#"{"version":1,"cwd":"/","priority":1001,"steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(code(r#"{"version":1,"cwd":"/","timeoutMs":0,"steps":[{"command":["a"]}]}"#), "invalid-field");
         assert_eq!(

@@ -283,7 +283,11 @@ impl Status {
             queue: QueueInfo { priority: req.priority, claimed_at: now },
             output_file: None,
             steps,
-            extra: Map::from_iter([("launchedBy".to_string(), Value::String("runspool".into()))]),
+            extra: Map::from_iter(
+                [("launchedBy".to_string(), Value::String("runspool".into()))]
+                    .into_iter()
+                    .chain(req.restart_of.clone().map(|id| ("restartOf".to_string(), Value::String(id)))),
+            ),
         }
     }
 
