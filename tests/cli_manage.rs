@@ -41,7 +41,10 @@ fn marker_exists(env: &TestEnv, session: &str, id: &str) -> bool {
 fn restart_of_a_finished_run_is_a_new_linked_run_with_the_same_steps() {
     let mut env = TestEnv::new();
     env.start_daemon();
-    env.submit(&request(Some("rs-old"), &env.work, vec![sh_step("first", "echo one"), sh_step("second", "echo two")]));
+    let mut req = request(Some("rs-old"), &env.work, vec![sh_step("first", "echo one"), sh_step("second", "echo two")]);
+    req["toolCallId"] = json!("call-7");
+    req["completionOwnerId"] = json!("window-1");
+    env.submit(&req);
     assert_eq!(env.wait_terminal("rs-old")["state"], "complete");
     let o = env.cli(&["restart", "rs-old"]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
@@ -54,6 +57,7 @@ fn restart_of_a_finished_run_is_a_new_linked_run_with_the_same_steps() {
     let old: Value = read_json(&env.run_dir("rs-old").join("request.json")).unwrap();
     assert_eq!(req["steps"], old["steps"], "same steps");
     assert_eq!(req["restartOf"], "rs-old");
+    assert!(req.get("toolCallId").is_none() && req.get("completionOwnerId").is_none(), "no host waits for it: {req}");
     assert_eq!(fs::read_to_string(env.run_dir(&new_id).join("output-1.log")).unwrap().trim(), "two");
     // The old run is untouched.
     assert_eq!(env.status("rs-old").unwrap()["state"], "complete");
@@ -118,6 +122,15 @@ fn rm_refuses_an_active_run_and_another_hosts_run_and_changes_nothing() {
         assert!(stderr_str(&o).contains(why), "{args:?}: {}", describe(&o));
         assert_eq!(before, tree(&env.root), "{args:?} changed nothing");
     }
+    // A finished run whose runner still holds its lock is not removed either.
+    let lock = fs::File::create(env.run_dir("own-done").join("runner.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    let before = tree(&env.root);
+    let o = env.cli(&["rm", "own-done"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr_str(&o).contains("runner still holds"), "{}", describe(&o));
+    assert_eq!(before, tree(&env.root), "a held runner lock changes nothing");
+    drop(lock);
     // clean skips both as well.
     let o = env.cli(&["clean", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));

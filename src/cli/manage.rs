@@ -33,7 +33,8 @@ fn resolve_run(layout: &Layout, arg: &str, verb: &str) -> anyhow::Result<String>
 }
 
 /// `runspool restart <run>`: publish the run's request again under a new run
-/// id, with `restartOf` naming the old run. Prints the new run id.
+/// id, with `restartOf` naming the old run and without the old `toolCallId`
+/// and `completionOwnerId` (no host waits for the new run). Prints the new run id.
 pub fn restart(layout: &Layout, arg: &str, json_out: bool) -> anyhow::Result<i32> {
     let id = resolve_run(layout, arg, "restart")?;
     let dir = layout.run_dir(&id);
@@ -57,6 +58,9 @@ pub fn restart(layout: &Layout, arg: &str, json_out: bool) -> anyhow::Result<i32
     let new_id = uuid::Uuid::new_v4().to_string();
     obj.insert("runId".into(), json!(new_id));
     obj.insert("restartOf".into(), json!(id));
+    // The new run answers no host's tool call: a pi window must not be told it ended.
+    obj.remove("toolCallId");
+    obj.remove("completionOwnerId");
     let name = super::submit::publish(layout, &serde_json::to_vec_pretty(&v)?, &new_id)?;
     if json_out {
         println!("{}", json!({"runId": new_id, "restartOf": id, "request": layout.spool().join(name)}));
