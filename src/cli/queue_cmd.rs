@@ -122,7 +122,7 @@ pub fn describe_report(q: &Value) -> Option<String> {
         if let Some(r) = q["reason"].as_str() {
             s.push_str(&format!(" ({r})"));
         }
-        s.push_str(": nothing is claimed or started; `runspool resume`");
+        s.push_str(", nothing claimed or started until `runspool resume`");
         s
     } else {
         "accepting".to_string()
