@@ -155,3 +155,25 @@ fn a_fifo_as_the_queue_file_does_not_hang_the_daemon() {
     ok(&env, &["pause"]);
     wait_until(Duration::from_secs(20), "paused through the replaced file", || queue_report(&env)["paused"] == true);
 }
+
+/// On the poll strategy too, a pause and a resume reach an idle daemon.
+#[test]
+fn pause_and_resume_on_the_poll_strategy() {
+    let mut env = TestEnv::with_config(
+        "max_running = 4\n[watch]\nstrategy = \"poll\"\npoll_interval_ms = 100\nrescan_interval_s = 3600\n",
+    );
+    env.start_daemon();
+    ok(&env, &["pause"]);
+    wait_until(Duration::from_secs(20), "paused", || queue_report(&env)["paused"] == true);
+    let id = unique("poll");
+    env.submit(&request(Some(&id), &env.work, vec![cmd_step("t", &["true"])]));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(env.spool().join(format!("{id}.json")).exists(), "claimed while paused\n{}", env.log_tail(40));
+    let doctor = env.cli(&["doctor"]);
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(text.lines().any(|l| l.starts_with("warn") && l.contains("queue") && l.contains("paused")), "{text}");
+    ok(&env, &["resume"]);
+    wait_until(Duration::from_secs(30), "the run completes after resume", || {
+        env.state(&id).as_deref() == Some("complete")
+    });
+}

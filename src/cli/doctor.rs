@@ -218,6 +218,11 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                     health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
                 ),
             ));
+            // A paused queue or an ignored queue file is why nothing starts: say so.
+            if let Some(line) = super::queue_cmd::describe_report(&d["queue"]) {
+                let level = if d["queue"]["paused"] == true || d["queue"]["error"].is_string() { "warn" } else { "ok" };
+                checks.push(check("queue", level, line));
+            }
         }
         _ => checks.push(check(
             "daemon",

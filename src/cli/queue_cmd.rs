@@ -27,6 +27,18 @@ fn load(layout: &Layout, fresh: bool) -> anyhow::Result<QueueFile> {
     }
 }
 
+/// Read-modify-write of queue.json under `runspool/queue.lock`, so two
+/// clients (`pause` and `max-running` at once) never lose each other's change.
+fn locked(layout: &Layout) -> anyhow::Result<std::fs::File> {
+    let dir = layout.daemon_dir();
+    crate::daemon::check_layout_safety(layout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    super::ensure_dir(&dir)?;
+    let p = dir.join("queue.lock");
+    crate::store::fsutil::lock(&p, false)
+        .with_context(|| format!("cannot lock {}; check that the root is writable by you", p.display()))?
+        .ok_or_else(|| anyhow::anyhow!("cannot lock {}", p.display()))
+}
+
 fn save(layout: &Layout, mut q: QueueFile) -> anyhow::Result<()> {
     crate::daemon::check_layout_safety(layout).map_err(|e| anyhow::anyhow!("{e}"))?;
     q.version = 1;
@@ -45,6 +57,7 @@ fn daemon_note(layout: &Layout) -> &'static str {
 }
 
 pub fn pause(layout: &Layout, reason: Option<String>) -> anyhow::Result<i32> {
+    let _lock = locked(layout)?;
     let mut q = load(layout, false)?;
     if !q.paused {
         q.paused_at = Some(crate::now_ms());
@@ -62,6 +75,7 @@ pub fn pause(layout: &Layout, reason: Option<String>) -> anyhow::Result<i32> {
 }
 
 pub fn resume(layout: &Layout, reset: bool) -> anyhow::Result<i32> {
+    let _lock = locked(layout)?;
     let mut q = load(layout, reset)?;
     q.paused = false;
     q.paused_at = None;
@@ -81,6 +95,7 @@ pub fn resume(layout: &Layout, reset: bool) -> anyhow::Result<i32> {
 }
 
 pub fn max_running(layout: &Layout, n: Option<usize>, clear: bool) -> anyhow::Result<i32> {
+    let _lock = locked(layout)?;
     let mut q = load(layout, false)?;
     match (n, clear) {
         (Some(0), _) => anyhow::bail!("max-running must be at least 1 (to stop starting runs use `runspool pause`)"),
