@@ -1370,18 +1370,27 @@ impl Daemon {
         if identity.is_some() && identity == self.queue_ctl.identity {
             return;
         }
-        if identity.is_none() && self.queue_ctl.identity.is_none() && self.queue_ctl.file.is_none() {
+        if identity.is_none()
+            && self.queue_ctl.identity.is_none()
+            && self.queue_ctl.file.is_none()
+            && self.queue_ctl.error.is_none()
+        {
             return;
         }
-        self.queue_ctl.identity = identity;
         let (was_paused, was_max) = (self.paused(), self.max_running());
-        let (file, error) = match queue::read(&path) {
+        let (file, error) = match queue::read_file(&path) {
             Ok(f) => (f, None),
-            Err(e) => {
+            Err(queue::ReadError::Invalid(e)) => {
                 tracing::warn!(queue = %path.display(), "queue file ignored (not paused, config max_running): {e}");
                 (None, Some(e))
             }
+            Err(queue::ReadError::Io(e)) => {
+                // Keep what applies; the identity stays unrecorded, so the next turn tries again.
+                tracing::warn!(queue = %path.display(), "{e}; keeping the current queue control and retrying");
+                return;
+            }
         };
+        self.queue_ctl.identity = identity;
         self.queue_ctl.file = file;
         self.queue_ctl.error = error;
         let paused = self.paused();

@@ -48,18 +48,36 @@ pub fn identity(p: &Path) -> Option<(u64, u64, u64, i64, i64, i64, i64)> {
 /// path and the fix. A symlink, FIFO, directory or device is refused
 /// without blocking (`fsutil::read_nofollow`).
 pub fn read(p: &Path) -> Result<Option<QueueFile>, String> {
+    read_file(p).map_err(|e| match e {
+        ReadError::Invalid(m) | ReadError::Io(m) => m,
+    })
+}
+
+/// Why the file could not be used: `Invalid` until it is changed, `Io`
+/// (capacity, a transient error) worth another try.
+pub enum ReadError {
+    Invalid(String),
+    Io(String),
+}
+
+/// [`read`], telling an invalid file from a failed read.
+pub fn read_file(p: &Path) -> Result<Option<QueueFile>, ReadError> {
     let bytes = match fsutil::read_nofollow(p, MAX_BYTES + 1) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Err(e.to_string()),
-        Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Err(ReadError::Invalid(e.to_string())),
+        Err(e) => return Err(ReadError::Io(format!("cannot read {}: {e}", p.display()))),
     };
+    parse(p, &bytes).map_err(ReadError::Invalid)
+}
+
+fn parse(p: &Path, bytes: &[u8]) -> Result<Option<QueueFile>, String> {
     let fix = "fix it with `runspool resume --reset` (which rewrites it) or remove it";
     if bytes.len() as u64 > MAX_BYTES {
         return Err(format!("{} is larger than {MAX_BYTES} bytes; {fix}", p.display()));
     }
-    let q: QueueFile = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{} is not a valid queue file ({e}); {fix}", p.display()))?;
+    let q: QueueFile =
+        serde_json::from_slice(bytes).map_err(|e| format!("{} is not a valid queue file ({e}); {fix}", p.display()))?;
     if q.version != 1 {
         return Err(format!("{}: version {} is not supported (only 1); {fix}", p.display(), q.version));
     }
