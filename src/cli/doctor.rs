@@ -218,6 +218,11 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                     health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
                 ),
             ));
+            // A paused queue or an ignored queue file is why nothing starts: say so.
+            if let Some(line) = super::queue_cmd::describe_report(&d["queue"]) {
+                let level = if d["queue"]["paused"] == true || d["queue"]["error"].is_string() { "warn" } else { "ok" };
+                checks.push(check("queue", level, line));
+            }
         }
         _ => checks.push(check(
             "daemon",
@@ -407,6 +412,7 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
             "staleMs": h.stale_ms,
             "spoolWaiting": h.spool_waiting,
             "storage": {"state": h.storage_state, "reason": h.storage_reason},
+            "queue": h.daemon.as_ref().filter(|_| h.alive).map(|d| d["queue"].clone()),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(code);
@@ -433,10 +439,16 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
             );
             println!("storage   {}", h.storage_text());
             println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
+            if let Some(line) = super::queue_cmd::describe_report(&d["queue"]) {
+                println!("queue     {line}");
+            }
             Ok(code)
         }
         _ => {
             println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
+            if let Some(line) = super::queue_cmd::describe_file(layout) {
+                println!("queue     {line}");
+            }
             Ok(code)
         }
     }

@@ -8,6 +8,7 @@ pub use doctor::inotify_usage;
 mod inspect;
 mod manage;
 mod pending;
+mod queue_cmd;
 mod submit;
 
 use std::path::{Path, PathBuf};
@@ -273,6 +274,46 @@ still holds its lock, or a run another host launched (runspool never removes tho
     /// List run ids for shell completion (used by the scripts `completions` prints)
     #[command(name = "__complete-runs", hide = true)]
     CompleteRuns,
+    /// Pause the queue: nothing is claimed from the spool and no queued run starts; running runs go on
+    #[command(after_help = "Examples:
+  runspool pause --reason \"disk maintenance\"
+  runspool status                  # queue  paused for 12s (disk maintenance) ...
+  runspool resume
+
+Writes <root>/runspool/queue.json, which the daemon honours at once (also across restarts) and
+reports in daemon.json `queue`. Requests submitted meanwhile wait in the spool.")]
+    Pause {
+        /// Why, shown by `runspool status` and in daemon.json
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused queue: claiming and starting go on
+    #[command(after_help = "Examples:
+  runspool resume
+  runspool resume --reset          # also drop a max-running override, or replace an invalid queue file")]
+    Resume {
+        /// Also drop the max-running override (the config's max_running applies again) and replace an invalid
+        /// queue file
+        #[arg(long)]
+        reset: bool,
+    },
+    /// Show or change how many runs may run at once, over the config's max_running, at run time
+    #[command(after_help = "Examples:
+  runspool max-running 1           # one at a time from now on (running runs are not stopped)
+  runspool max-running 8
+  runspool max-running --clear     # back to the config's max_running
+  runspool max-running             # what applies
+
+The override is kept in <root>/runspool/queue.json: it survives daemon restarts and wins over
+the config's max_running, also after a SIGHUP reload, until `--clear` or `resume --reset`.")]
+    MaxRunning {
+        /// Runs allowed at once (at least 1)
+        #[arg(conflicts_with = "clear")]
+        n: Option<usize>,
+        /// Drop the override: the config's max_running applies again
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -405,6 +446,9 @@ pub fn main() -> i32 {
                 Cmd::Wait { run, timeout, json } => pending::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow, json } => inspect::logs(&layout, &run, step, follow, json),
+                Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
+                Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
+                Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
                 Cmd::Service(sc) => match sc {
                     ServiceCmd::Install { config } => {
                         let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));

@@ -5,6 +5,7 @@
 pub mod bridge;
 pub mod dead_runner;
 pub mod hooks;
+pub mod queue;
 pub mod report;
 pub mod retention;
 pub mod spool;
@@ -28,7 +29,7 @@ use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
 use crate::store::{results, run, Layout, Writer};
-use report::{DaemonStatus, RunCounts, StorageInfo, WatchInfo};
+use report::{DaemonStatus, QueueInfo, RunCounts, StorageInfo, WatchInfo};
 use spool::{Claimer, Outcome};
 use watch::{Hint, Watch};
 
@@ -204,6 +205,19 @@ pub struct Daemon {
     last_watchdog: Instant,
     /// When the previous daemon on this root started (0: unknown).
     previous_start: i64,
+    /// `runspool/queue.json` as last read (`queue::read`), re-read when its
+    /// identity (one lstat per turn) changes.
+    queue_ctl: QueueCtl,
+}
+
+#[derive(Default)]
+struct QueueCtl {
+    identity: Option<(u64, u64, u64, i64, i64, i64, i64)>,
+    file: Option<queue::QueueFile>,
+    /// Why the file present is ignored (logged once per version of it).
+    error: Option<String>,
+    /// When this daemon saw the pause, for a file without `pausedAt`.
+    seen_paused_at: Option<i64>,
 }
 
 pub struct Options {
@@ -260,6 +274,7 @@ impl Daemon {
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
             config: Some(report::ConfigInfo::new(opts.config.as_deref(), &cfg)),
+            queue: None,
         };
         let previous_start = std::fs::read(layout.daemon_json())
             .ok()
@@ -318,7 +333,11 @@ impl Daemon {
             previous_start,
             watchdog: report::watchdog_interval(),
             last_watchdog: Instant::now(),
+            queue_ctl: QueueCtl::default(),
         };
+        // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
+        d.watch.add(&d.layout.daemon_dir());
+        d.check_queue_file();
         d.reserve.ensure();
         d.write_report(true);
         d.recover();
@@ -622,6 +641,8 @@ impl Daemon {
     fn hint(&mut self, h: Hint) {
         match h {
             Hint::Spool => self.spool_dirty = true,
+            // The turn that follows looks at the file (`check_queue_file`).
+            Hint::Queue => {}
             Hint::Control(id) => self.control_queued(&id),
             // Both are handled once in the next turn, however many arrive.
             Hint::Rescan(why) => {
@@ -653,6 +674,7 @@ impl Daemon {
         if !self.w.is_idle() {
             self.w.flush();
         }
+        self.check_queue_file();
         if self.recovery_unlisted.is_some_and(|t| now >= t) {
             self.list_recovery_backlog();
         }
@@ -793,6 +815,11 @@ impl Daemon {
     /// scheduler and liveness checks still run in between.
     fn scan_spool(&mut self) {
         self.spool_dirty = false;
+        if self.paused() {
+            // Requests stay in the spool; `resume` marks it dirty again.
+            self.spool_retry_at = None;
+            return;
+        }
         if !self.dirs_safe() || !self.storage_ok() {
             return;
         }
@@ -1067,7 +1094,10 @@ impl Daemon {
             return;
         }
         self.spawn_retry_at = None;
-        while self.running.len() < self.cfg.max_running {
+        if self.paused() {
+            return;
+        }
+        while self.running.len() < self.max_running() {
             let Some(q) = self.queue.pop() else { break };
             if !self.queued.remove(&q.run_id) {
                 continue; // stopped while queued
@@ -1229,6 +1259,15 @@ impl Daemon {
                 self.queued.iter().chain(self.running.keys()).chain(self.settling.iter()).cloned().collect();
             self.hooks.reconfigure(&new.hooks, &active);
         }
+        if let Some(n) = self.queue_ctl.file.as_ref().and_then(|q| q.max_running) {
+            if new.max_running != self.cfg.max_running {
+                tracing::info!(
+                    queue = %queue::path(&self.layout).display(),
+                    "max_running = {} from the config is not applied: the queue file's maxRunning = {n} overrides it until `runspool max-running --clear`",
+                    new.max_running
+                );
+            }
+        }
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
@@ -1246,6 +1285,7 @@ impl Daemon {
         r.watch.backend = self.watch.choice.backend.into();
         r.watch.reason = self.watch.choice.reason.clone();
         r.runs = RunCounts { queued: self.queued.len(), running: self.running.len() };
+        r.queue = Some(self.queue_info());
         let degraded = self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| self.w.last_error.clone());
         let min_free_bytes = Some(self.cfg.storage.min_free_bytes);
         r.storage = match degraded {
@@ -1271,7 +1311,9 @@ impl Daemon {
         // rewriting daemon.json (and STATUS=) each time competed with the
         // runners for the CPU. Counts are written at most every REPORT_EVERY;
         // a change of storage or watch state goes out at once.
-        let urgent = r.storage.state != self.report.storage.state || r.watch.backend != self.report.watch.backend;
+        let urgent = r.storage.state != self.report.storage.state
+            || r.watch.backend != self.report.watch.backend
+            || r.queue != self.report.queue;
         if !force && !urgent && self.last_report_write.elapsed() < REPORT_EVERY {
             self.report_due = Some(self.last_report_write + REPORT_EVERY);
             return;
@@ -1295,6 +1337,75 @@ impl Daemon {
         }
         self.report = r;
         self.last_report_write = Instant::now();
+    }
+
+    fn paused(&self) -> bool {
+        self.queue_ctl.file.as_ref().is_some_and(|q| q.paused)
+    }
+
+    /// The queue file's `maxRunning` when set, else the config's `max_running`.
+    fn max_running(&self) -> usize {
+        self.queue_ctl.file.as_ref().and_then(|q| q.max_running).unwrap_or(self.cfg.max_running)
+    }
+
+    fn queue_info(&self) -> QueueInfo {
+        let q = self.queue_ctl.file.as_ref();
+        let paused = self.paused();
+        QueueInfo {
+            paused,
+            since: paused.then(|| q.and_then(|q| q.paused_at).or(self.queue_ctl.seen_paused_at)).flatten(),
+            reason: q.filter(|_| paused).and_then(|q| q.reason.clone()),
+            max_running: self.max_running(),
+            max_running_override: q.and_then(|q| q.max_running),
+            error: self.queue_ctl.error.clone(),
+        }
+    }
+
+    /// Re-read `runspool/queue.json` when it changed (one lstat when it did
+    /// not). An invalid or hostile file (FIFO, symlink, garbage) is logged
+    /// once with the path and the fix and ignored: no pause, no override.
+    fn check_queue_file(&mut self) {
+        let path = queue::path(&self.layout);
+        let identity = queue::identity(&path);
+        if identity.is_some() && identity == self.queue_ctl.identity {
+            return;
+        }
+        if identity.is_none()
+            && self.queue_ctl.identity.is_none()
+            && self.queue_ctl.file.is_none()
+            && self.queue_ctl.error.is_none()
+        {
+            return;
+        }
+        let (was_paused, was_max) = (self.paused(), self.max_running());
+        let (file, error) = match queue::read_file(&path) {
+            Ok(f) => (f, None),
+            Err(queue::ReadError::Invalid(e)) => {
+                tracing::warn!(queue = %path.display(), "queue file ignored (not paused, config max_running): {e}");
+                (None, Some(e))
+            }
+            Err(queue::ReadError::Io(e)) => {
+                // Keep what applies; the identity stays unrecorded, so the next turn tries again.
+                tracing::warn!(queue = %path.display(), "{e}; keeping the current queue control and retrying");
+                return;
+            }
+        };
+        self.queue_ctl.identity = identity;
+        self.queue_ctl.file = file;
+        self.queue_ctl.error = error;
+        let paused = self.paused();
+        if paused && !was_paused {
+            self.queue_ctl.seen_paused_at = Some(crate::now_ms());
+            let reason = self.queue_ctl.file.as_ref().and_then(|q| q.reason.clone()).unwrap_or_default();
+            tracing::info!(queue = %path.display(), reason = %reason, "queue paused: nothing is claimed or started until `runspool resume`");
+        } else if !paused && was_paused {
+            self.queue_ctl.seen_paused_at = None;
+            tracing::info!(queue = %path.display(), "queue resumed: claiming and starting again");
+            self.spool_dirty = true;
+        }
+        if self.max_running() != was_max {
+            tracing::info!(queue = %path.display(), "max_running is now {} (was {was_max})", self.max_running());
+        }
     }
 
     fn shutdown(&mut self) {

@@ -29,6 +29,27 @@ pub struct DaemonStatus {
     /// The configuration the daemon runs with (runspool extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ConfigInfo>,
+    /// Queue control as applied from `runspool/queue.json` (runspool extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueInfo>,
+}
+
+/// `daemon.json` `queue`: whether claiming and starting are paused (since
+/// when, why), the effective `maxRunning` and the queue file's override of
+/// the config's, and why a queue file present is ignored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueInfo {
+    pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub max_running: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_override: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `daemon.json` `config`: the file the daemon loaded (null: none, the

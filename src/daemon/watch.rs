@@ -21,6 +21,8 @@ use crate::store::Layout;
 pub enum Hint {
     /// Something changed in the spool.
     Spool,
+    /// `runspool/queue.json` changed (queue control).
+    Queue,
     /// Something changed in a run's control inbox.
     Control(String),
     /// Events may have been lost (queue overflow): rescan everything.
@@ -333,6 +335,7 @@ fn describe(e: &notify::Error) -> String {
 fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
     let spool = layout.spool();
     let runs = layout.runs();
+    let queue = super::queue::path(layout);
     move |res: notify::Result<notify::Event>| match res {
         Ok(ev) => {
             if ev.need_rescan() {
@@ -340,7 +343,9 @@ fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
                 return;
             }
             for p in &ev.paths {
-                if let Some(h) = classify(&spool, &runs, p) {
+                if *p == queue {
+                    let _ = tx.send(Hint::Queue);
+                } else if let Some(h) = classify(&spool, &runs, p) {
                     let _ = tx.send(h);
                 }
             }
