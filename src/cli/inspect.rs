@@ -370,7 +370,17 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     Ok(0)
 }
 
-pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_out: bool) -> anyhow::Result<i32> {
+/// `logs`: every chosen step's output (with `lines`, only the last N lines of
+/// each), streamed; with `follow`, until the run ends, then exit with the
+/// run's code (0 for `complete`, else its exit code, 1 when it has none).
+pub fn logs(
+    layout: &Layout,
+    run: &str,
+    step: Option<usize>,
+    follow: bool,
+    lines: Option<usize>,
+    json_out: bool,
+) -> anyhow::Result<i32> {
     let id = match super::pending::resolve(layout, run)? {
         Target::Run(id) => id,
         Target::Pending(p) if follow => {
@@ -410,6 +420,13 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
         return logs_json(&dir, &s, &steps);
     }
     let mut offsets = vec![0u64; s.steps.len()];
+    if let Some(n) = lines {
+        for &i in &steps {
+            if let Ok(mut f) = fsutil::open_read(&RunPaths::output(&dir, i)) {
+                offsets[i] = tail_start(&mut f, n)?;
+            }
+        }
+    }
     let mut out = std::io::stdout();
     loop {
         for &i in &steps {
@@ -427,15 +444,59 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
             }
         }
         out.flush()?;
-        if !follow || run::read_status(&dir).ok().flatten().is_some_and(|s| !s.state.is_active()) {
-            // One more pass after the end so the last lines are not lost.
-            if follow {
-                follow_tail(&dir, &steps, &mut offsets)?;
-            }
+        if !follow {
             return Ok(0);
+        }
+        if let Some(end) = run::read_status(&dir).ok().flatten().filter(|s| !s.state.is_active()) {
+            // One more pass after the end so the last lines are not lost.
+            follow_tail(&dir, &steps, &mut offsets)?;
+            return Ok(run_exit_code(&end));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The exit code a command that followed a run to its end exits with: 0 for
+/// `complete`, else the run's exit code (1 when it recorded none).
+pub(crate) fn run_exit_code(s: &Status) -> i32 {
+    if s.state == State::Complete {
+        0
+    } else {
+        s.exit_code.filter(|&c| c != 0).unwrap_or(1)
+    }
+}
+
+/// Where the last `n` lines of `f` start, found by reading backwards from the
+/// end in bounded chunks (a final newline does not start an empty line).
+fn tail_start(f: &mut std::fs::File, n: usize) -> std::io::Result<u64> {
+    let len = f.metadata()?.len();
+    if n == 0 {
+        return Ok(len);
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pos = len;
+    let mut seen = 0usize;
+    let mut last_byte = true;
+    while pos > 0 {
+        let chunk = (pos.min(buf.len() as u64)) as usize;
+        pos -= chunk as u64;
+        f.seek(SeekFrom::Start(pos))?;
+        f.read_exact(&mut buf[..chunk])?;
+        for j in (0..chunk).rev() {
+            if buf[j] == b'\n' {
+                if last_byte {
+                    last_byte = false;
+                    continue;
+                }
+                seen += 1;
+                if seen == n {
+                    return Ok(pos + j as u64 + 1);
+                }
+            }
+            last_byte = false;
+        }
+    }
+    Ok(0)
 }
 
 fn follow_tail(dir: &std::path::Path, steps: &[usize], offsets: &mut [u64]) -> anyhow::Result<()> {
