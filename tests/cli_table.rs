@@ -10,6 +10,71 @@ use std::time::Duration;
 use common::*;
 
 #[test]
+fn list_and_status_show_command_state_and_duration() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("t-done"), &env.work, vec![cmd_step("a", &["echo", "finished-marker"])]));
+    env.wait_terminal("t-done");
+    let gate = env.work.join("gate-t");
+    env.submit(&request(Some("t-live"), &env.work, vec![sh_step("b", &gate_wait(&gate))]));
+    env.wait_state("t-live", "running");
+
+    // Another host's run (no runspool request.json) stays marked, shown by its agent names.
+    env.fabricate_terminal_run("t-other", "sess-o", now_ms() - 5000, "complete");
+    std::fs::remove_file(env.run_dir("t-other").join("request.json")).unwrap();
+
+    let o = env.cli(&["list"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let out = stdout_str(&o);
+    let other = out.lines().find(|l| l.starts_with("t-other")).unwrap_or_else(|| panic!("t-other listed: {out}"));
+    assert!(other.contains(" other ") && other.trim_end().ends_with(" a"), "{other}");
+    assert!(out.lines().next().unwrap_or_default().contains("COMMAND"), "a COMMAND column: {out}");
+    let done = out.lines().find(|l| l.starts_with("t-done")).unwrap_or_else(|| panic!("t-done listed: {out}"));
+    assert!(done.contains("complete") && done.contains("echo finished-marker"), "{done}");
+    assert!(done.contains("took "), "the duration of a finished run: {done}");
+    let live = out.lines().find(|l| l.starts_with("t-live")).unwrap_or_else(|| panic!("t-live listed: {out}"));
+    assert!(live.contains("running") && live.contains("sh -c"), "{live}");
+    assert!(live.contains("for "), "how long a running run has run: {live}");
+    assert!(!out.contains('\x1b'), "no escape codes when piped: {out:?}");
+
+    let o = env.cli(&["status", "t-done"]);
+    let out = stdout_str(&o);
+    assert!(out.contains("command   echo finished-marker"), "{}", describe(&o));
+    assert!(out.contains("mode      single"), "{}", describe(&o));
+    assert!(!out.contains('\x1b'), "{out:?}");
+    open_gate(&gate);
+    env.wait_terminal("t-live");
+}
+
+/// On a terminal the state is coloured, unless NO_COLOR is set (no-color.org).
+#[test]
+fn colours_on_a_terminal_only_without_no_color() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIP colours_on_a_terminal_only_without_no_color: `script` (util-linux) is not installed");
+        return;
+    }
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("t-col"), &env.work, vec![sh_step("a", "exit 4")]));
+    env.wait_terminal("t-col");
+    let cmd = format!("{BIN} --root '{}' list", env.root.display());
+    let tty = |no_color: bool| {
+        let mut c = Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"]).env_remove("NO_COLOR");
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", describe(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let coloured = tty(false);
+    assert!(coloured.contains("\x1b[31mfailed"), "failed in red on a terminal: {coloured:?}");
+    let plain = tty(true);
+    assert!(plain.contains("failed") && !plain.contains('\x1b'), "NO_COLOR: {plain:?}");
+}
+
+#[test]
 fn logs_lines_prints_only_the_last_lines() {
     let mut env = TestEnv::new();
     env.start_daemon();

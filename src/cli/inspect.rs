@@ -73,11 +73,18 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         }
         Err(e) => return Err(e),
     };
+    let style = Style::stdout();
     println!("run       {}", s.run_id);
     if !run::ownership(&dir, Some(&s)).is_ours() {
         println!("launched  by another host (runspool only reads this run)");
     }
-    println!("state     {}{}", s.state.as_str(), s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default());
+    println!(
+        "state     {}{} · {}",
+        style.state(s.state.as_str(), s.state.as_str()),
+        s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default(),
+        duration(&s)
+    );
+    println!("command   {}", command_of(&dir, &s));
     println!("mode      {}", s.mode);
     println!("session   {}", s.session_id);
     println!("cwd       {}", s.cwd);
@@ -98,6 +105,116 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
     }
     Ok(0)
+}
+
+/// How a table is printed on stdout: colours only on a terminal and without
+/// NO_COLOR (no-color.org); the terminal's width, when it is one.
+struct Style {
+    colour: bool,
+    columns: Option<usize>,
+}
+
+impl Style {
+    fn stdout() -> Style {
+        use std::io::IsTerminal as _;
+        let tty = std::io::stdout().is_terminal();
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let columns = tty.then(terminal_columns).flatten();
+        Style { colour: tty && !no_color, columns }
+    }
+
+    /// `text` (the state, padded) in the colour of `state`.
+    fn state(&self, state: &str, text: &str) -> String {
+        let code = match state {
+            "complete" => "32",
+            "failed" | "rejected" => "31",
+            "running" => "36",
+            "queued" => "34",
+            "stopped" | "paused" | "partial" => "33",
+            _ => "",
+        };
+        if !self.colour || code.is_empty() {
+            return text.to_string();
+        }
+        let word = text.trim_end();
+        format!("\x1b[{code}m{word}\x1b[0m{}", &text[word.len()..])
+    }
+}
+
+fn terminal_columns() -> Option<usize> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(ws.ws_col as usize)
+}
+
+/// `for 1m05s` (running), `took 3s` (`queued for …` before it starts).
+fn duration(s: &Status) -> String {
+    let span = |ms: i64| {
+        let secs = (ms / 1000).max(0);
+        match secs {
+            0..=59 => format!("{secs}s"),
+            60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
+            _ => format!("{}h{:02}m", secs / 3600, secs / 60 % 60),
+        }
+    };
+    match (s.state.is_active(), s.ended_at) {
+        (false, Some(end)) => format!("took {}", span(end - s.started_at)),
+        (false, None) => "-".into(),
+        (true, _) if s.state == State::Queued => format!("queued for {}", span(crate::now_ms() - s.started_at)),
+        (true, _) => format!("for {}", span(crate::now_ms() - s.started_at)),
+    }
+}
+
+/// The run's command as a user typed it: each step's argv (shell-quoted
+/// where needed), steps joined by `; `, from the run's request.json (read
+/// bounded, never through a link); a step without argv, or a run without a
+/// readable request (another host's), by its agent name.
+fn command_of(dir: &std::path::Path, s: &Status) -> String {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        for st in v.as_array().into_iter().flatten() {
+            if let Some(p) = st.get("parallel") {
+                let mut inner = Vec::new();
+                walk(p, &mut inner);
+                out.push(format!("[{}]", inner.join(" & ")));
+            } else if let Some(argv) = st.get("command").and_then(|c| c.as_array()) {
+                out.push(argv.iter().map(|a| quote(a.as_str().unwrap_or("?"))).collect::<Vec<_>>().join(" "));
+            } else {
+                out.push(st.get("agent").and_then(|a| a.as_str()).unwrap_or("?").to_string());
+            }
+        }
+    }
+    let req = fsutil::read_nofollow(&RunPaths::request(dir), 1 << 20)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let mut parts = Vec::new();
+    if let Some(steps) = req.as_ref().and_then(|r| r.get("steps")) {
+        walk(steps, &mut parts);
+    }
+    if parts.is_empty() {
+        parts = s.steps.iter().map(|st| st.agent.clone()).collect();
+    }
+    // One line whatever the arguments hold.
+    parts.join("; ").chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+fn quote(a: &str) -> String {
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
+/// `text` cut to `max` characters, with `…` where it was cut.
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut t: String = text.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
 }
 
 /// How many finished runs `list` shows without `--recent`.
@@ -143,22 +260,56 @@ pub fn list(
         }
         return Ok(0);
     }
-    println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} SESSION", "RUN", "STATE", "MODE", "EXIT", "UPDATED", "BY");
-    for x in out {
-        let by = launched_by(x.ownership);
-        match &x.status {
-            Ok(s) => println!(
-                "{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} {}",
-                s.run_id,
-                s.state.as_str(),
-                s.mode.as_str(),
-                s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-                ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
-                by,
-                s.session_id
-            ),
-            Err(e) => println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} ({e})", x.run_id, "?", "?", "-", "-", by),
+    let style = Style::stdout();
+    let rows: Vec<[String; 7]> = out
+        .iter()
+        .map(|x| {
+            let by = launched_by(x.ownership).to_string();
+            match &x.status {
+                Ok(s) => [
+                    s.run_id.clone(),
+                    s.state.as_str().to_string(),
+                    s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                    duration(s),
+                    ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
+                    by,
+                    s.session_id.clone(),
+                ],
+                Err(_) => [x.run_id.clone(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
+            }
+        })
+        .collect();
+    let head = ["RUN", "STATE", "EXIT", "DURATION", "UPDATED", "BY", "SESSION"];
+    let mut widths = head.map(str::len);
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
         }
+    }
+    let fixed: usize = widths.iter().map(|w| w + 2).sum();
+    // The command gets what the terminal has left (at least 20 columns); piped, a generous fixed width.
+    let room = style.columns.map(|c| c.saturating_sub(fixed).max(20)).unwrap_or(80);
+    let cell = |i: usize, text: &str| format!("{text:<w$}  ", w = widths[i]);
+    let mut line = String::new();
+    for (i, h) in head.iter().enumerate() {
+        line.push_str(&cell(i, h));
+    }
+    println!("{line}COMMAND");
+    for (x, r) in out.iter().zip(&rows) {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let text = cell(i, c);
+            if i == 1 {
+                line.push_str(&style.state(&r[1], &text));
+            } else {
+                line.push_str(&text);
+            }
+        }
+        let command = match &x.status {
+            Ok(s) => command_of(&layout.run_dir(&x.run_id), s),
+            Err(e) => format!("({e})"),
+        };
+        println!("{line}{}", shorten(&command, room));
     }
     if capped {
         eprintln!("showing the newest {limit} finished runs; --recent N for more");
