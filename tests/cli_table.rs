@@ -106,6 +106,7 @@ fn logs_follow_exits_with_the_runs_code() {
     let o = follower.join().unwrap();
     assert_eq!(o.status.code(), Some(7), "{}", describe(&o));
     assert_eq!(stdout_str(&o), "before\nafter\n", "{}", describe(&o));
+    assert!(stderr_str(&o).contains("t-fail failed (exit 7)"), "the end is said on stderr: {}", describe(&o));
     // A complete run: 0.
     env.submit(&request(Some("t-ok"), &env.work, vec![sh_step("a", "echo ok")]));
     env.wait_terminal("t-ok");

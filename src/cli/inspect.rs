@@ -554,6 +554,14 @@ pub fn logs(
         }
         Target::Rejected { name, error_file } => {
             let (code, message) = super::pending::read_error(&error_file);
+            if follow {
+                // As when the refusal comes while following: exit 2, whichever came first.
+                eprintln!(
+                    "runspool: {name} was refused before it ran ({code}): {message} (see {})",
+                    error_file.display()
+                );
+                return Ok(2);
+            }
             bail!(
                 "{name} was refused before it ran ({code}: {message}); it has no output (see {})",
                 error_file.display()
@@ -573,8 +581,10 @@ pub fn logs(
     let mut offsets = vec![0u64; s.steps.len()];
     if let Some(n) = lines {
         for &i in &steps {
-            if let Ok(mut f) = fsutil::open_read(&RunPaths::output(&dir, i)) {
-                offsets[i] = tail_start(&mut f, n)?;
+            let path = RunPaths::output(&dir, i);
+            if let Ok(mut f) = fsutil::open_read(&path) {
+                offsets[i] = tail_start(&mut f, n)
+                    .with_context(|| format!("cannot read the end of {} (was it truncated?)", path.display()))?;
             }
         }
     }
@@ -601,7 +611,13 @@ pub fn logs(
         if let Some(end) = run::read_status(&dir).ok().flatten().filter(|s| !s.state.is_active()) {
             // One more pass after the end so the last lines are not lost.
             follow_tail(&dir, &steps, &mut offsets)?;
-            return Ok(run_exit_code(&end));
+            let code = run_exit_code(&end);
+            if code != 0 {
+                // Said on stderr, so the output on stdout stays the steps' own.
+                let why = end.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+                eprintln!("runspool: {id} {} (exit {code}){why}", end.state.as_str());
+            }
+            return Ok(code);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
