@@ -22,12 +22,20 @@ fn list_and_status_show_command_state_and_duration() {
     // Another host's run (no runspool request.json) stays marked, shown by its agent names.
     env.fabricate_terminal_run("t-other", "sess-o", now_ms() - 5000, "complete");
     std::fs::remove_file(env.run_dir("t-other").join("request.json")).unwrap();
+    // Its status may hold terminal escapes: the table never prints them.
+    let st = env.run_dir("t-other").join("status.json");
+    let text = std::fs::read_to_string(&st)
+        .unwrap()
+        .replace(r#""agent":"a""#, r#""agent":"a\u001b]0;pwned\u0007""#)
+        .replace(r#""sessionId":"sess-o""#, r#""sessionId":"sess\u001b[2J-o""#);
+    std::fs::write(&st, text).unwrap();
 
     let o = env.cli(&["list"]);
     assert!(o.status.success(), "{}", describe(&o));
     let out = stdout_str(&o);
     let other = out.lines().find(|l| l.starts_with("t-other")).unwrap_or_else(|| panic!("t-other listed: {out}"));
-    assert!(other.contains(" other ") && other.trim_end().ends_with(" a"), "{other}");
+    assert!(other.contains(" other ") && other.trim_end().ends_with(" a ]0;pwned"), "{other:?}");
+    assert!(other.contains(" sess [2J-o "), "{other:?}");
     assert!(out.lines().next().unwrap_or_default().contains("COMMAND"), "a COMMAND column: {out}");
     let done = out.lines().find(|l| l.starts_with("t-done")).unwrap_or_else(|| panic!("t-done listed: {out}"));
     assert!(done.contains("complete") && done.contains("echo finished-marker"), "{done}");

@@ -194,8 +194,13 @@ fn command_of(dir: &std::path::Path, s: &Status) -> String {
     if parts.is_empty() {
         parts = s.steps.iter().map(|st| st.agent.clone()).collect();
     }
-    // One line whatever the arguments hold.
-    parts.join("; ").chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+    one_line(&parts.join("; "))
+}
+
+/// `text` with every control character (newlines, escapes) as a space: one
+/// table line, and nothing a terminal would act on.
+fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
 }
 
 fn quote(a: &str) -> String {
@@ -277,6 +282,8 @@ pub fn list(
                 ],
                 Err(_) => [x.run_id.clone(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
             }
+            // Another host's status.json may hold anything: never a terminal escape from it.
+            .map(|c| one_line(&c))
         })
         .collect();
     let head = ["RUN", "STATE", "EXIT", "DURATION", "UPDATED", "BY", "SESSION"];
@@ -307,7 +314,7 @@ pub fn list(
         }
         let command = match &x.status {
             Ok(s) => command_of(&layout.run_dir(&x.run_id), s),
-            Err(e) => format!("({e})"),
+            Err(e) => one_line(&format!("({e})")),
         };
         println!("{line}{}", shorten(&command, room));
     }
