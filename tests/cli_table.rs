@@ -45,6 +45,9 @@ fn list_and_status_show_command_state_and_duration() {
     assert!(live.contains("for "), "how long a running run has run: {live}");
     assert!(!out.contains('\x1b'), "no escape codes when piped: {out:?}");
 
+    let o = env.cli(&["status", "t-other"]);
+    assert!(stdout_str(&o).contains("session   sess [2J-o"), "{}", describe(&o));
+    assert!(!stdout_str(&o).contains('\x1b'), "{}", describe(&o));
     let o = env.cli(&["status", "t-done"]);
     let out = stdout_str(&o);
     assert!(out.contains("command   echo finished-marker"), "{}", describe(&o));

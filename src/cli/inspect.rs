@@ -48,6 +48,12 @@ fn listed_json(x: &index::Listed) -> serde_json::Value {
     v
 }
 
+/// `println!` of one line with every control character as a space: a run's
+/// fields are another client's words, never terminal escapes.
+macro_rules! say {
+    ($($t:tt)*) => { println!("{}", one_line(&format!($($t)*))) };
+}
+
 pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     let id = match super::pending::resolve(layout, run)? {
         Target::Run(id) => id,
@@ -65,44 +71,44 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         Ok(s) => s,
         Err(e) if !run::ownership(&dir, None).is_ours() => {
             // Another host's run whose status runspool cannot read: report it, touch nothing.
-            println!("run       {id}");
-            println!("launched  by another host (runspool only reads this run)");
-            println!("status    unreadable: {e:#}");
-            println!("dir       {}", dir.display());
+            say!("run       {id}");
+            say!("launched  by another host (runspool only reads this run)");
+            say!("status    unreadable: {e:#}");
+            say!("dir       {}", dir.display());
             return Ok(0);
         }
         Err(e) => return Err(e),
     };
     let style = Style::stdout();
-    println!("run       {}", s.run_id);
+    say!("run       {}", s.run_id);
     if !run::ownership(&dir, Some(&s)).is_ours() {
-        println!("launched  by another host (runspool only reads this run)");
+        say!("launched  by another host (runspool only reads this run)");
     }
     println!(
         "state     {}{} · {}",
-        style.state(s.state.as_str(), s.state.as_str()),
+        style.state(s.state.as_str(), &one_line(s.state.as_str())),
         s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default(),
         duration(&s)
     );
-    println!("command   {}", command_of(&dir, &s));
-    println!("mode      {}", s.mode);
-    println!("session   {}", s.session_id);
-    println!("cwd       {}", s.cwd);
-    println!("started   {}", ago(s.started_at));
+    say!("command   {}", command_of(&dir, &s));
+    say!("mode      {}", s.mode);
+    say!("session   {}", s.session_id);
+    say!("cwd       {}", s.cwd);
+    say!("started   {}", ago(s.started_at));
     if let Some(e) = s.ended_at {
-        println!("ended     {} (took {} ms)", ago(e), e - s.started_at);
+        say!("ended     {} (took {} ms)", ago(e), e - s.started_at);
     }
     if let Some(e) = &s.error {
-        println!("error     {e}");
+        say!("error     {e}");
     }
-    println!("dir       {}", layout.run_dir(&id).display());
+    say!("dir       {}", layout.run_dir(&id).display());
     if let Some(r) = &s.runner {
         let how = r.containment.as_deref().map(|c| format!(", containment {c}")).unwrap_or_default();
-        println!("runner    pid {} on {}{how}", r.pid, r.hostname);
+        say!("runner    pid {} on {}{how}", r.pid, r.hostname);
     }
     for (i, st) in s.steps.iter().enumerate() {
         let code = st.exit_code.map(|c| format!("exit {c}")).unwrap_or_default();
-        println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
+        say!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
     }
     Ok(0)
 }
