@@ -20,14 +20,16 @@ fn sample(doc: &str, command: &str) -> Vec<String> {
         .collect()
 }
 
-/// The run id as `<id>`, `after MM:SS` as `after <t>`, `Ns ago`/`Nm ago` as `<ago>`, runs of spaces as one.
+/// The run id as `<id>`, `after MM:SS` as `after <t>`, `took 2s`/`for 1m05s` as `took <t>`/`for <t>`, `Ns ago`/`Nm ago` as `<ago>`, runs of spaces as one.
 fn normalize(line: &str, id: &str) -> String {
     let l = line.replace(id, "<id>");
     let mut words: Vec<String> = Vec::new();
     let mut it = l.split_whitespace().peekable();
     while let Some(w) = it.next() {
         let timeish = |w: &str| w.chars().all(|c| c.is_ascii_digit() || c == ':');
-        if words.last().is_some_and(|p| p == "after") && timeish(w) {
+        let span = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit() || "smh".contains(c));
+        let last = words.last().map(String::as_str);
+        if (last == Some("after") && timeish(w)) || (matches!(last, Some("took" | "for")) && span(w)) {
             words.push("<t>".into());
         } else if it.peek() == Some(&"ago")
             && w.trim_end_matches(['s', 'm', 'h', 'd']).chars().all(|c| c.is_ascii_digit())

@@ -48,6 +48,12 @@ fn listed_json(x: &index::Listed) -> serde_json::Value {
     v
 }
 
+/// `println!` of one line with every control character as a space: a run's
+/// fields are another client's words, never terminal escapes.
+macro_rules! say {
+    ($($t:tt)*) => { println!("{}", one_line(&format!($($t)*))) };
+}
+
 pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     let id = match super::pending::resolve(layout, run)? {
         Target::Run(id) => id,
@@ -65,39 +71,161 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         Ok(s) => s,
         Err(e) if !run::ownership(&dir, None).is_ours() => {
             // Another host's run whose status runspool cannot read: report it, touch nothing.
-            println!("run       {id}");
-            println!("launched  by another host (runspool only reads this run)");
-            println!("status    unreadable: {e:#}");
-            println!("dir       {}", dir.display());
+            say!("run       {id}");
+            say!("launched  by another host (runspool only reads this run)");
+            say!("status    unreadable: {e:#}");
+            say!("dir       {}", dir.display());
             return Ok(0);
         }
         Err(e) => return Err(e),
     };
-    println!("run       {}", s.run_id);
+    let style = Style::stdout();
+    say!("run       {}", s.run_id);
     if !run::ownership(&dir, Some(&s)).is_ours() {
-        println!("launched  by another host (runspool only reads this run)");
+        say!("launched  by another host (runspool only reads this run)");
     }
-    println!("state     {}{}", s.state.as_str(), s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default());
-    println!("mode      {}", s.mode);
-    println!("session   {}", s.session_id);
-    println!("cwd       {}", s.cwd);
-    println!("started   {}", ago(s.started_at));
+    println!(
+        "state     {}{} · {}",
+        style.state(s.state.as_str(), &one_line(s.state.as_str())),
+        s.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default(),
+        duration(&s)
+    );
+    say!("command   {}", command_of(&dir, &s));
+    say!("mode      {}", s.mode);
+    say!("session   {}", s.session_id);
+    say!("cwd       {}", s.cwd);
+    say!("started   {}", ago(s.started_at));
     if let Some(e) = s.ended_at {
-        println!("ended     {} (took {} ms)", ago(e), e - s.started_at);
+        say!("ended     {} (took {} ms)", ago(e), e - s.started_at);
     }
     if let Some(e) = &s.error {
-        println!("error     {e}");
+        say!("error     {e}");
     }
-    println!("dir       {}", layout.run_dir(&id).display());
+    say!("dir       {}", layout.run_dir(&id).display());
     if let Some(r) = &s.runner {
         let how = r.containment.as_deref().map(|c| format!(", containment {c}")).unwrap_or_default();
-        println!("runner    pid {} on {}{how}", r.pid, r.hostname);
+        say!("runner    pid {} on {}{how}", r.pid, r.hostname);
     }
     for (i, st) in s.steps.iter().enumerate() {
         let code = st.exit_code.map(|c| format!("exit {c}")).unwrap_or_default();
-        println!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
+        say!("  step {i:<3} {:<20} {:<9} {code}", st.agent, st.status.as_str());
     }
     Ok(0)
+}
+
+/// How a table is printed on stdout: colours only on a terminal and without
+/// NO_COLOR (no-color.org); the terminal's width, when it is one.
+struct Style {
+    colour: bool,
+    columns: Option<usize>,
+}
+
+impl Style {
+    fn stdout() -> Style {
+        use std::io::IsTerminal as _;
+        let tty = std::io::stdout().is_terminal();
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let columns = tty.then(terminal_columns).flatten();
+        Style { colour: tty && !no_color, columns }
+    }
+
+    /// `text` (the state, padded) in the colour of `state`.
+    fn state(&self, state: &str, text: &str) -> String {
+        let code = match state {
+            "complete" => "32",
+            "failed" | "rejected" => "31",
+            "running" => "36",
+            "queued" => "34",
+            "stopped" | "paused" | "partial" => "33",
+            _ => "",
+        };
+        if !self.colour || code.is_empty() {
+            return text.to_string();
+        }
+        let word = text.trim_end();
+        format!("\x1b[{code}m{word}\x1b[0m{}", &text[word.len()..])
+    }
+}
+
+fn terminal_columns() -> Option<usize> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(ws.ws_col as usize)
+}
+
+/// `for 1m05s` (running), `took 3s` (`queued for …` before it starts).
+fn duration(s: &Status) -> String {
+    let span = |ms: i64| {
+        let secs = (ms / 1000).max(0);
+        match secs {
+            0..=59 => format!("{secs}s"),
+            60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
+            _ => format!("{}h{:02}m", secs / 3600, secs / 60 % 60),
+        }
+    };
+    match (s.state.is_active(), s.ended_at) {
+        (false, Some(end)) => format!("took {}", span(end - s.started_at)),
+        (false, None) => "-".into(),
+        (true, _) if s.state == State::Queued => format!("queued for {}", span(crate::now_ms() - s.started_at)),
+        (true, _) => format!("for {}", span(crate::now_ms() - s.started_at)),
+    }
+}
+
+/// The run's command as a user typed it: each step's argv (shell-quoted
+/// where needed), steps joined by `; `, from the run's request.json (read
+/// bounded, never through a link); a step without argv, or a run without a
+/// readable request (another host's), by its agent name.
+fn command_of(dir: &std::path::Path, s: &Status) -> String {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        for st in v.as_array().into_iter().flatten() {
+            if let Some(p) = st.get("parallel") {
+                let mut inner = Vec::new();
+                walk(p, &mut inner);
+                out.push(format!("[{}]", inner.join(" & ")));
+            } else if let Some(argv) = st.get("command").and_then(|c| c.as_array()) {
+                out.push(argv.iter().map(|a| quote(a.as_str().unwrap_or("?"))).collect::<Vec<_>>().join(" "));
+            } else {
+                out.push(st.get("agent").and_then(|a| a.as_str()).unwrap_or("?").to_string());
+            }
+        }
+    }
+    let req = fsutil::read_nofollow(&RunPaths::request(dir), 1 << 20)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let mut parts = Vec::new();
+    if let Some(steps) = req.as_ref().and_then(|r| r.get("steps")) {
+        walk(steps, &mut parts);
+    }
+    if parts.is_empty() {
+        parts = s.steps.iter().map(|st| st.agent.clone()).collect();
+    }
+    one_line(&parts.join("; "))
+}
+
+/// `text` with every control character (newlines, escapes) as a space: one
+/// table line, and nothing a terminal would act on.
+fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+fn quote(a: &str) -> String {
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
+/// `text` cut to `max` characters, with `…` where it was cut.
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut t: String = text.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
 }
 
 /// How many finished runs `list` shows without `--recent`.
@@ -143,22 +271,58 @@ pub fn list(
         }
         return Ok(0);
     }
-    println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} SESSION", "RUN", "STATE", "MODE", "EXIT", "UPDATED", "BY");
-    for x in out {
-        let by = launched_by(x.ownership);
-        match &x.status {
-            Ok(s) => println!(
-                "{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} {}",
-                s.run_id,
-                s.state.as_str(),
-                s.mode.as_str(),
-                s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-                ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
-                by,
-                s.session_id
-            ),
-            Err(e) => println!("{:<38} {:<9} {:<8} {:>5} {:<12} {:<10} ({e})", x.run_id, "?", "?", "-", "-", by),
+    let style = Style::stdout();
+    let rows: Vec<[String; 7]> = out
+        .iter()
+        .map(|x| {
+            let by = launched_by(x.ownership).to_string();
+            match &x.status {
+                Ok(s) => [
+                    s.run_id.clone(),
+                    s.state.as_str().to_string(),
+                    s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                    duration(s),
+                    ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
+                    by,
+                    s.session_id.clone(),
+                ],
+                Err(_) => [x.run_id.clone(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
+            }
+            // Another host's status.json may hold anything: never a terminal escape from it.
+            .map(|c| one_line(&c))
+        })
+        .collect();
+    let head = ["RUN", "STATE", "EXIT", "DURATION", "UPDATED", "BY", "SESSION"];
+    let mut widths = head.map(str::len);
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
         }
+    }
+    let fixed: usize = widths.iter().map(|w| w + 2).sum();
+    // The command gets what the terminal has left (at least 20 columns); piped, a generous fixed width.
+    let room = style.columns.map(|c| c.saturating_sub(fixed).max(20)).unwrap_or(80);
+    let cell = |i: usize, text: &str| format!("{text:<w$}  ", w = widths[i]);
+    let mut line = String::new();
+    for (i, h) in head.iter().enumerate() {
+        line.push_str(&cell(i, h));
+    }
+    println!("{line}COMMAND");
+    for (x, r) in out.iter().zip(&rows) {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let text = cell(i, c);
+            if i == 1 {
+                line.push_str(&style.state(&r[1], &text));
+            } else {
+                line.push_str(&text);
+            }
+        }
+        let command = match &x.status {
+            Ok(s) => command_of(&layout.run_dir(&x.run_id), s),
+            Err(e) => one_line(&format!("({e})")),
+        };
+        println!("{line}{}", shorten(&command, room));
     }
     if capped {
         eprintln!("showing the newest {limit} finished runs; --recent N for more");
@@ -370,7 +534,17 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     Ok(0)
 }
 
-pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_out: bool) -> anyhow::Result<i32> {
+/// `logs`: every chosen step's output (with `lines`, only the last N lines of
+/// each), streamed; with `follow`, until the run ends, then exit with the
+/// run's code (0 for `complete`, else its exit code, 1 when it has none).
+pub fn logs(
+    layout: &Layout,
+    run: &str,
+    step: Option<usize>,
+    follow: bool,
+    lines: Option<usize>,
+    json_out: bool,
+) -> anyhow::Result<i32> {
     let id = match super::pending::resolve(layout, run)? {
         Target::Run(id) => id,
         Target::Pending(p) if follow => {
@@ -393,6 +567,14 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
         }
         Target::Rejected { name, error_file } => {
             let (code, message) = super::pending::read_error(&error_file);
+            if follow {
+                // As when the refusal comes while following: exit 2, whichever came first.
+                eprintln!(
+                    "runspool: {name} was refused before it ran ({code}): {message} (see {})",
+                    error_file.display()
+                );
+                return Ok(2);
+            }
             bail!(
                 "{name} was refused before it ran ({code}: {message}); it has no output (see {})",
                 error_file.display()
@@ -410,6 +592,15 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
         return logs_json(&dir, &s, &steps);
     }
     let mut offsets = vec![0u64; s.steps.len()];
+    if let Some(n) = lines {
+        for &i in &steps {
+            let path = RunPaths::output(&dir, i);
+            if let Ok(mut f) = fsutil::open_read(&path) {
+                offsets[i] = tail_start(&mut f, n)
+                    .with_context(|| format!("cannot read the end of {} (was it truncated?)", path.display()))?;
+            }
+        }
+    }
     let mut out = std::io::stdout();
     loop {
         for &i in &steps {
@@ -427,15 +618,65 @@ pub fn logs(layout: &Layout, run: &str, step: Option<usize>, follow: bool, json_
             }
         }
         out.flush()?;
-        if !follow || run::read_status(&dir).ok().flatten().is_some_and(|s| !s.state.is_active()) {
-            // One more pass after the end so the last lines are not lost.
-            if follow {
-                follow_tail(&dir, &steps, &mut offsets)?;
-            }
+        if !follow {
             return Ok(0);
+        }
+        if let Some(end) = run::read_status(&dir).ok().flatten().filter(|s| !s.state.is_active()) {
+            // One more pass after the end so the last lines are not lost.
+            follow_tail(&dir, &steps, &mut offsets)?;
+            let code = run_exit_code(&end);
+            if code != 0 {
+                // Said on stderr, so the output on stdout stays the steps' own.
+                let why = end.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+                eprintln!("runspool: {id} {} (exit {code}){why}", end.state.as_str());
+            }
+            return Ok(code);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The exit code a command that followed a run to its end exits with: 0 for
+/// `complete`, else the run's exit code (1 when it recorded none).
+pub(crate) fn run_exit_code(s: &Status) -> i32 {
+    if s.state == State::Complete {
+        0
+    } else {
+        s.exit_code.filter(|&c| c != 0).unwrap_or(1)
+    }
+}
+
+/// Where the last `n` lines of `f` start, found by reading backwards from the
+/// end in bounded chunks (a final newline does not start an empty line).
+fn tail_start(f: &mut std::fs::File, n: usize) -> std::io::Result<u64> {
+    let len = f.metadata()?.len();
+    if n == 0 {
+        return Ok(len);
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pos = len;
+    let mut seen = 0usize;
+    let mut last_byte = true;
+    while pos > 0 {
+        let chunk = (pos.min(buf.len() as u64)) as usize;
+        pos -= chunk as u64;
+        f.seek(SeekFrom::Start(pos))?;
+        f.read_exact(&mut buf[..chunk])?;
+        for j in (0..chunk).rev() {
+            if buf[j] == b'\n' {
+                if last_byte {
+                    last_byte = false;
+                    continue;
+                }
+                seen += 1;
+                if seen == n {
+                    return Ok(pos + j as u64 + 1);
+                }
+            }
+            last_byte = false;
+        }
+    }
+    Ok(0)
 }
 
 fn follow_tail(dir: &std::path::Path, steps: &[usize], offsets: &mut [u64]) -> anyhow::Result<()> {

@@ -188,7 +188,11 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
     #[command(after_help = "Examples:
   runspool logs <run>               # every step's output so far
   runspool logs --step 1 <run>      # only the second step
-  runspool logs -f <run>            # keep printing until the run ends")]
+  runspool logs -f <run>            # keep printing until the run ends
+  runspool logs -n 20 <run>         # the last 20 lines of each step's output
+
+With -f, exits with the run's exit code once it ends: 0 when it completed, else its exit code
+(1 when it recorded none); 2 when the request was rejected before it ran.")]
     Logs {
         /// Run id (also of a request still in the spool: -f waits for its claim), or a unique prefix of 8 or more
         /// characters
@@ -196,11 +200,14 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
         /// Only this flat step index
         #[arg(long, value_name = "N")]
         step: Option<usize>,
-        /// Keep printing new output until the run ends
+        /// Keep printing new output until the run ends, then exit with the run's exit code
         #[arg(short, long)]
         follow: bool,
+        /// Only the last N lines of each step's output (then, with -f, what follows)
+        #[arg(short = 'n', long, value_name = "N")]
+        lines: Option<usize>,
         /// Print each step's output as a JSON array (step, agent, status, exitCode, output)
-        #[arg(long, conflicts_with = "follow")]
+        #[arg(long, conflicts_with_all = ["follow", "lines"])]
         json: bool,
     },
     /// Print a shell completion script for bash, zsh, fish, elvish or powershell
@@ -445,7 +452,7 @@ pub fn main() -> i32 {
                 }
                 Cmd::Wait { run, timeout, json } => pending::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
-                Cmd::Logs { run, step, follow, json } => inspect::logs(&layout, &run, step, follow, json),
+                Cmd::Logs { run, step, follow, lines, json } => inspect::logs(&layout, &run, step, follow, lines, json),
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),

@@ -13,9 +13,9 @@ use crate::store::{fsutil, Layout};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --file request.json\n\n\
+    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n\n\
 The run's time limit defaults to the daemon's `default_timeout_ms` (30 minutes unless configured; 0: none).\n\
-Exit codes with --wait: the run's exit code; 124 when --wait-timeout expires (the run or request goes on);\n\
+Exit codes with --wait or --follow: the run's exit code (0 when it completed); 124 when --wait-timeout expires (the run or request goes on);\n\
 2 when the request was rejected."
 )]
 pub struct SubmitArgs {
@@ -46,6 +46,9 @@ pub struct SubmitArgs {
     /// Wait for the run to end and exit with its exit code
     #[arg(long)]
     wait: bool,
+    /// Print the run's output as it comes (like `logs -f`) and exit with the run's exit code
+    #[arg(short, long, conflicts_with_all = ["wait", "wait_timeout"])]
+    follow: bool,
     /// With --wait: give up waiting after this long (exit 124; the run goes on)
     #[arg(long, value_name = "DUR", value_parser = super::parse_duration, requires = "wait")]
     wait_timeout: Option<Duration>,
@@ -81,6 +84,10 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
             "runspool: note: no daemon holds {}; the request waits in the spool until one starts (`runspool daemon`)",
             layout.daemon_lock().display()
         );
+    }
+    if a.follow {
+        // Like `logs -f`: waits for the claim of the request still in the spool, then for the end.
+        return super::inspect::logs(layout, &run_id, None, true, None, false);
     }
     if a.wait {
         return super::inspect::wait(layout, &run_id, a.wait_timeout, Some(&name), false);
