@@ -106,3 +106,29 @@ fn logs_and_doctor_json() {
     assert_eq!(hook["level"], "warn", "{hook}");
     assert!(hook["detail"].as_str().unwrap().contains("/nonexistent/hook-prog"), "{hook}");
 }
+
+/// Ctrl-C ends the wait, not the run, and says so (exit 130).
+#[test]
+fn ctrl_c_ends_the_wait_not_the_run_and_says_so() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let gate = env.work.join("gate");
+    env.submit(&request(Some("w-int"), &env.work, vec![sh_step("s", &gate_wait(&gate))]));
+    env.wait_state("w-int", "running");
+    let child = Command::new(BIN)
+        .args(["--root", env.root.to_str().unwrap(), "wait", "w-int"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("w-int goes on"), "{}", describe(&out));
+    assert_eq!(env.state("w-int").as_deref(), Some("running"), "the run goes on");
+    open_gate(&gate);
+    assert_eq!(env.wait_terminal("w-int")["state"], "complete");
+}

@@ -346,7 +346,17 @@ pub fn wait(
     let tty = !json && unsafe { libc::isatty(2) } == 1;
     let mut progress = Progress { tty, last_plain: String::new(), drawn: false };
     let dir = layout.run_dir(id);
+    // Ctrl-C ends the wait, not the run: say so instead of vanishing silently.
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _ = signal_hook::flag::register(libc::SIGINT, interrupted.clone());
     loop {
+        if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+            progress.clear();
+            eprintln!(
+                "runspool: stopped waiting; {id} goes on (`runspool status {id}`, `runspool stop {id}` to stop it)"
+            );
+            return Ok(130);
+        }
         if let Some(s) = run::read_status(&dir).ok().flatten() {
             if !s.state.is_active() {
                 progress.clear();
@@ -380,10 +390,15 @@ pub fn wait(
                 }
                 return Ok(2);
             }
-            progress.line(
-                &format!("{id} waiting to be claimed (is the daemon running? `runspool status`)"),
-                start.elapsed(),
-            );
+            // A claim usually follows within milliseconds: say nothing for the first second.
+            if start.elapsed() >= Duration::from_secs(1) {
+                let why = if super::pending::daemon_running(layout) {
+                    "the daemon has not claimed it yet; `runspool status` shows why"
+                } else {
+                    "no daemon is running: start one with `runspool daemon` or `runspool service start`"
+                };
+                progress.line(&format!("{id} waiting to be claimed ({why})"), start.elapsed());
+            }
         }
         if let Some(t) = timeout {
             if start.elapsed() >= t && spool_name.is_some() && run::read_status(&dir).ok().flatten().is_none() {
