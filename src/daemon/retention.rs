@@ -86,8 +86,15 @@ fn remove_leftovers(runs: &Path) {
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         // A staging directory may be a client's at work (`runspool stop` of a
-        // pending request builds its rejected run there): only an old one is a leftover.
-        let staging = name.starts_with(super::spool::STAGING_PREFIX);
+        // pending request builds its rejected run there): it is a leftover when
+        // its builder (the pid in its name) is gone, or when it is old.
+        let staging = name.strip_prefix(super::spool::STAGING_PREFIX);
+        let builder_gone = || {
+            staging
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| pid != std::process::id() && !crate::platform::pid_alive(pid))
+        };
         let old = || {
             e.metadata()
                 .ok()
@@ -95,7 +102,7 @@ fn remove_leftovers(runs: &Path) {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|a| a.as_secs() >= 60)
         };
-        let ours = name.starts_with(".deleting-run-") || (staging && old());
+        let ours = name.starts_with(".deleting-run-") || (staging.is_some() && (builder_gone() || old()));
         if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }

@@ -727,7 +727,10 @@ fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Reje
                     // so a temp file left inside its directory by a crash
                     // could not be told from another host's; a leftover
                     // staging directory is ours (`STAGING_PREFIX`).
-                    let stage = l.runs().join(format!("{STAGING_PREFIX}{}", uuid::Uuid::new_v4()));
+                    // The builder's pid in the name: a leftover of a dead builder is
+                    // removed at the next start, a live one's (a CLI at work) kept.
+                    let stage =
+                        l.runs().join(format!("{STAGING_PREFIX}{}-{}", std::process::id(), uuid::Uuid::new_v4()));
                     let built = mkdir_private(&stage).and_then(|_| {
                         let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
                         fsutil::write_atomic(&RunPaths::status(&stage), &bytes, true)?;
