@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::protocol::daemon::{ConfigInfo, ProviderInfo};
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -121,6 +123,24 @@ pub fn default_path() -> Option<PathBuf> {
 }
 
 impl Config {
+    /// daemon.json `config`: `explicit` is the daemon's `--config`; else the
+    /// default path when that file exists, else none (the defaults).
+    pub fn info(&self, explicit: Option<&Path>) -> ConfigInfo {
+        let path = match explicit {
+            Some(p) => Some(p.to_path_buf()),
+            None => default_path().filter(|p| p.exists()),
+        };
+        ConfigInfo {
+            path: path.map(|p| std::path::absolute(&p).unwrap_or(p).display().to_string()),
+            providers: self.provider_infos(),
+        }
+    }
+
+    /// The configured providers as daemon.json names them.
+    pub fn provider_infos(&self) -> Vec<ProviderInfo> {
+        self.providers.iter().map(|(name, p)| ProviderInfo { name: name.clone(), kind: p.kind.clone() }).collect()
+    }
+
     /// Load: an explicit file must exist; a missing default file means defaults.
     pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
         let (path, required) = match explicit {
@@ -300,7 +320,7 @@ impl Config {
                 out.push(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
                 continue;
             }
-            if let Err(e) = crate::providers::validate(name, p) {
+            if let Err(e) = validate_provider(name, p) {
                 out.push(e);
             }
         }
@@ -423,6 +443,26 @@ fn span_hint(text: &str, e: &toml::de::Error) -> String {
         .unwrap_or_default()
 }
 
+/// Checks on one `[providers.NAME]` table beyond its types (serde does
+/// those); part of `errors`, so it runs at start, on every reload and in
+/// `runspool config check`, and errors name the key.
+fn validate_provider(name: &str, p: &Provider) -> Result<(), String> {
+    if !crate::protocol::is_id(name, 128) {
+        return Err(format!(
+            "providers.{name}: the provider name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}; rename the table"
+        ));
+    }
+    match p.kind.as_str() {
+        "slurm" if !p.command.is_empty() => Err(format!(
+            "providers.{name}.command is set, but type = \"slurm\" uses sbatch, squeue, sacct/scontrol and scancel from PATH; remove the command key"
+        )),
+        "command" if p.command.iter().any(|a| a.contains('\0')) => {
+            Err(format!("providers.{name}.command contains a NUL character; remove it"))
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,5 +582,15 @@ mod tests {
         .unwrap();
         assert_eq!(c.providers.len(), 2);
         assert!(Config::parse("[providers.x]\ntype = \"magic\"").unwrap_err().contains("providers.x.type"));
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let p = Provider { kind: "slurm".into(), command: vec!["/x".into()], timeout_ms: 1 };
+        assert!(validate_provider("s", &p).unwrap_err().contains("providers.s.command"));
+        let p = Provider { kind: "command".into(), command: vec!["a\0".into()], timeout_ms: 1 };
+        assert!(validate_provider("k", &p).unwrap_err().contains("providers.k.command"));
+        let p = Provider { kind: "command".into(), command: vec!["/bin/true".into()], timeout_ms: 1 };
+        assert!(validate_provider("k", &p).is_ok());
     }
 }

@@ -132,45 +132,11 @@ fn spool_waiting(layout: &Layout) -> usize {
         .count()
 }
 
-/// Inotify limits and this user's current use (instances and watches),
-/// counted from /proc like `inotify-info` does.
-pub fn inotify_usage() -> Option<Value> {
-    #[cfg(target_os = "linux")]
-    {
-        let lim =
-            |n: &str| std::fs::read_to_string(format!("/proc/sys/fs/inotify/{n}")).ok()?.trim().parse::<u64>().ok();
-        let uid = nix::unistd::getuid().as_raw();
-        let (mut instances, mut watches) = (0u64, 0u64);
-        for p in std::fs::read_dir("/proc").ok()?.flatten() {
-            use std::os::unix::fs::MetadataExt;
-            if p.metadata().map(|m| m.uid() != uid).unwrap_or(true) {
-                continue;
-            }
-            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
-            for fd in fds.flatten() {
-                if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
-                    instances += 1;
-                    let info = p.path().join("fdinfo").join(fd.file_name());
-                    watches += std::fs::read_to_string(info)
-                        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64)
-                        .unwrap_or(0);
-                }
-            }
-        }
-        Some(json!({
-            "maxUserInstances": lim("max_user_instances"), "maxUserWatches": lim("max_user_watches"),
-            "maxQueuedEvents": lim("max_queued_events"), "instances": instances, "watches": watches,
-        }))
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
-}
-
 pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::Result<i32> {
     let mut checks = Vec::new();
     // Root safety.
     for p in [layout.root.clone(), layout.spool(), layout.runs()] {
-        match crate::daemon::check_dir_safety(&p) {
+        match crate::store::safety::check_dir(&p) {
             Ok(true) => checks.push(check("root", "ok", format!("{} is safe", p.display()))),
             Ok(false) => {
                 checks.push(check("root", "warn", format!("{} does not exist yet; the daemon creates it", p.display())))
@@ -251,15 +217,16 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             choice.reason
         ),
     ));
-    if let Some(u) = inotify_usage() {
-        let (inst, max_inst) = (u["instances"].as_u64().unwrap_or(0), u["maxUserInstances"].as_u64().unwrap_or(0));
+    if let Some(u) = crate::platform::inotify_usage() {
+        let (inst, max_inst) = (u.instances, u.max_user_instances.unwrap_or(0));
         let level = if max_inst > 0 && inst >= max_inst { "warn" } else { "ok" };
         checks.push(check(
             "inotify",
             level,
             format!(
                 "{inst}/{max_inst} instances, {}/{} watches in use by you (sysctl fs.inotify.max_user_instances / max_user_watches)",
-                u["watches"], u["maxUserWatches"]
+                u.watches,
+                u.max_user_watches.map_or("?".to_string(), |m| m.to_string())
             ),
         ));
     }
@@ -378,7 +345,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": inotify_usage()})
+                &json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": crate::platform::inotify_usage()})
             )?
         );
     } else {

@@ -4,7 +4,6 @@
 mod config_cmd;
 mod docs;
 mod doctor;
-pub use doctor::inotify_usage;
 mod inspect;
 mod manage;
 mod pending;

@@ -31,7 +31,7 @@ fn load(layout: &Layout, fresh: bool) -> anyhow::Result<QueueFile> {
 /// clients (`pause` and `max-running` at once) never lose each other's change.
 fn locked(layout: &Layout) -> anyhow::Result<std::fs::File> {
     let dir = layout.daemon_dir();
-    crate::daemon::check_layout_safety(layout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::store::safety::check_layout(layout)?;
     super::ensure_dir(&dir)?;
     let p = dir.join("queue.lock");
     crate::store::fsutil::lock(&p, false)
@@ -40,7 +40,7 @@ fn locked(layout: &Layout) -> anyhow::Result<std::fs::File> {
 }
 
 fn save(layout: &Layout, mut q: QueueFile) -> anyhow::Result<()> {
-    crate::daemon::check_layout_safety(layout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::store::safety::check_layout(layout)?;
     q.version = 1;
     q.updated_at = crate::now_ms();
     queue::write(layout, &q).with_context(|| {

@@ -103,7 +103,7 @@ pub(crate) fn publish(layout: &Layout, bytes: &[u8], run_id: &str) -> anyhow::Re
         bail!("the request would be rejected ({}): {}", r.code, r.message);
     }
     // Refused by the daemon, a request there would never be claimed: say so with its words.
-    crate::daemon::check_layout_safety(layout)?;
+    crate::store::safety::check_layout(layout)?;
     let spool = layout.spool();
     super::ensure_dir(&spool)?;
     let name = format!("{run_id}.json");

@@ -526,7 +526,7 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
         .env("RUNSPOOL_RUN_DIR", dir)
         .env("RUNSPOOL_SESSION_ID", &s.session_id)
         .env("RUNSPOOL_EXIT_CODE", s.exit_code.unwrap_or(1).to_string());
-    for k in crate::runner::SCRUBBED_ENV {
+    for k in crate::platform::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
     let child = cmd.spawn()?;

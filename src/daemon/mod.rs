@@ -15,7 +15,7 @@ pub mod watch;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::protocol::daemon::{DaemonStatus, QueueInfo, RunCounts, StorageInfo, WatchInfo};
 use crate::protocol::request::Context;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
 use crate::store::{results, run, Layout, Writer};
-use report::{DaemonStatus, QueueInfo, RunCounts, StorageInfo, WatchInfo};
 use spool::{Claimer, Outcome};
 use watch::{Hint, Watch};
 
@@ -57,8 +57,8 @@ const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("{0}")]
-    UnsafeRoot(String),
+    #[error(transparent)]
+    Unsafe(#[from] crate::store::safety::SafetyError),
     #[error("another runspool daemon (pid {pid}) is running on {root}; stop it first (`kill {pid}` or `runspool service stop`)")]
     AlreadyRunning { pid: String, root: String },
     #[error("{path}: {error}; check that the directory is writable by you")]
@@ -69,49 +69,6 @@ pub enum StartError {
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
     move |error| StartError::Io { path: path.display().to_string(), error }
-}
-
-/// Refuse a root, spool or runs root that is a symlink, someone else's, or
-/// writable by group/others (PROTOCOL §1).
-pub fn check_dir_safety(path: &Path) -> Result<bool, StartError> {
-    let md = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    let p = path.display();
-    if md.file_type().is_symlink() {
-        return Err(StartError::UnsafeRoot(format!(
-            "{p} is a symbolic link; runspool refuses it so nobody can redirect its files: replace it with a real directory (mkdir -m 700 {p})"
-        )));
-    }
-    if !md.is_dir() {
-        return Err(StartError::UnsafeRoot(format!("{p} is not a directory; remove it or choose another --root")));
-    }
-    let uid = nix::unistd::geteuid().as_raw();
-    if md.uid() != uid {
-        return Err(StartError::UnsafeRoot(format!(
-            "{p} is owned by uid {}, not by you (uid {uid}); use a root you own (--root or RUNSPOOL_ROOT)",
-            md.uid()
-        )));
-    }
-    if md.permissions().mode() & 0o022 != 0 {
-        return Err(StartError::UnsafeRoot(format!(
-            "{p} is writable by group or others (mode {:o}); fix it with: chmod 700 {p}",
-            md.permissions().mode() & 0o7777
-        )));
-    }
-    Ok(true)
-}
-
-/// `check_dir_safety` of the root, `spool/` and the runs root, in the
-/// daemon's order: what a client checks before it writes into a root the
-/// daemon would refuse, with the daemon's own message. Missing directories pass.
-pub fn check_layout_safety(layout: &Layout) -> Result<(), StartError> {
-    for p in [layout.root.clone(), layout.spool(), layout.runs()] {
-        check_dir_safety(&p)?;
-    }
-    Ok(())
 }
 
 struct Ctx<'a>(&'a Config);
@@ -197,7 +154,7 @@ pub struct Daemon {
     next_retention: Instant,
     next_space_check: Instant,
     low_space: Option<String>,
-    /// Why the root, spool/ or the runs root fails `check_dir_safety` now
+    /// Why the root, spool/ or the runs root fails `store::safety::check_dir` now
     /// (re-checked before every spool scan): nothing is claimed meanwhile.
     unsafe_dir: Option<String>,
     stopping: bool,
@@ -238,12 +195,12 @@ impl Daemon {
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
         let root_override = Layout::root_override(opts.root.as_deref());
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {
-            check_dir_safety(&p)?;
+            crate::store::safety::check_dir(&p)?;
         }
         for d in layout.dirs() {
             fsutil::mkdir_private_all(&d).map_err(io_err(&d))?;
         }
-        check_layout_safety(&layout)?;
+        crate::store::safety::check_layout(&layout)?;
         let lock = take_daemon_lock(&layout)?;
         let watch =
             Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
@@ -263,7 +220,7 @@ impl Daemon {
                 backend: watch.choice.backend.into(),
                 reason: watch.choice.reason.clone(),
                 fs_type: watch::fs_type(&layout.root),
-                inotify: crate::cli::inotify_usage(),
+                inotify: crate::platform::inotify_usage(),
             },
             storage: StorageInfo {
                 state: "ok".into(),
@@ -273,7 +230,7 @@ impl Daemon {
             },
             runs: RunCounts { queued: 0, running: 0 },
             last_rescan_at: None,
-            config: Some(report::ConfigInfo::new(opts.config.as_deref(), &cfg)),
+            config: Some(cfg.info(opts.config.as_deref())),
             queue: None,
         };
         let previous_start = std::fs::read(layout.daemon_json())
@@ -777,13 +734,13 @@ impl Daemon {
     }
 
     /// Do the root, spool/ and the runs root still pass the start-up check
-    /// (`check_dir_safety`)? One replaced by a symlink, or loosened, while
+    /// (`store::safety::check_dir`)? One replaced by a symlink, or loosened, while
     /// we run is never followed: the error is logged once with the path and
     /// the fix, daemon.json reports storage `degraded` with it, and nothing
     /// is claimed until it is fixed. Three lstat calls.
     fn dirs_safe(&mut self) -> bool {
         let l = &self.layout;
-        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| check_dir_safety(p).err());
+        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| crate::store::safety::check_dir(p).err());
         match (&self.unsafe_dir, &bad) {
             (None, Some(e)) => tracing::error!(root = %l.root.display(), "claiming stopped: {e}"),
             (Some(_), None) => {
@@ -1271,7 +1228,7 @@ impl Daemon {
         // A new max_running or storage floor takes effect in the next turn.
         self.spool_dirty = true;
         self.cfg = new;
-        self.report.config = Some(report::ConfigInfo::new(self.config_path.as_deref(), &self.cfg));
+        self.report.config = Some(self.cfg.info(self.config_path.as_deref()));
         self.write_report(true);
     }
 
@@ -1279,7 +1236,7 @@ impl Daemon {
         let mut r = self.report.clone();
         r.last_rescan_at = self.last_rescan_at;
         if r.watch.backend != self.watch.choice.backend {
-            r.watch.inotify = crate::cli::inotify_usage();
+            r.watch.inotify = crate::platform::inotify_usage();
         }
         r.watch.strategy = self.watch.strategy_name().into();
         r.watch.backend = self.watch.choice.backend.into();

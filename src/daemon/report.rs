@@ -6,113 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::store::Layout;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct DaemonStatus {
-    pub version: u32,
-    pub pid: u32,
-    pub hostname: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_identity: Option<String>,
-    pub started_at: i64,
-    pub updated_at: i64,
-    pub runspool_version: String,
-    pub watch: WatchInfo,
-    pub storage: StorageInfo,
-    pub runs: RunCounts,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_rescan_at: Option<i64>,
-    /// The configuration the daemon runs with (runspool extension).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<ConfigInfo>,
-    /// Queue control as applied from `runspool/queue.json` (runspool extension).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue: Option<QueueInfo>,
-}
-
-/// `daemon.json` `queue`: whether claiming and starting are paused (since
-/// when, why), the effective `maxRunning` and the queue file's override of
-/// the config's, and why a queue file present is ignored.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct QueueInfo {
-    pub paused: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub max_running: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_running_override: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// `daemon.json` `config`: the file the daemon loaded (null: none, the
-/// defaults) and the providers it configures, so `runspool providers`
-/// describes the running daemon's rather than whatever file the CLI finds.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ConfigInfo {
-    pub path: Option<String>,
-    pub providers: Vec<ProviderInfo>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ProviderInfo {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub kind: String,
-}
-
-impl ConfigInfo {
-    /// `explicit`: the daemon's `--config`; else the default path when that file exists.
-    pub fn new(explicit: Option<&Path>, cfg: &crate::config::Config) -> ConfigInfo {
-        let path = match explicit {
-            Some(p) => Some(p.to_path_buf()),
-            None => crate::config::default_path().filter(|p| p.exists()),
-        };
-        ConfigInfo {
-            path: path.map(|p| std::path::absolute(&p).unwrap_or(p).display().to_string()),
-            providers: ProviderInfo::of(cfg),
-        }
-    }
-}
-
-impl ProviderInfo {
-    pub fn of(cfg: &crate::config::Config) -> Vec<ProviderInfo> {
-        cfg.providers.iter().map(|(name, p)| ProviderInfo { name: name.clone(), kind: p.kind.clone() }).collect()
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct WatchInfo {
-    pub strategy: String,
-    pub backend: String,
-    pub reason: String,
-    /// The filesystem type under the root (runspool extension).
-    #[serde(default, rename = "fsType", skip_serializing_if = "Option::is_none")]
-    pub fs_type: Option<String>,
-    /// Inotify limits and this user's use at the last watcher (re)start (runspool extension).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inotify: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StorageInfo {
-    pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<i64>,
-    /// The daemon's `storage.min_free_bytes`, so the CLI checks free space
-    /// against the same floor (runspool extension).
-    #[serde(default, rename = "minFreeBytes", skip_serializing_if = "Option::is_none")]
-    pub min_free_bytes: Option<u64>,
-}
 
 /// Why the filesystem under `root` is too full to claim (PROTOCOL §11):
 /// free bytes below `min`, no free byte at all (whatever the floor, even
@@ -251,35 +145,18 @@ fn allocate(mut f: &std::fs::File, len: u64) -> io::Result<()> {
     f.sync_all()
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RunCounts {
-    pub queued: usize,
-    pub running: usize,
-}
-
-impl DaemonStatus {
-    /// Equal apart from `updatedAt`. A rescan changes `lastRescanAt`, which
-    /// is rewritten too (§10: on every change of these fields): clients tell
-    /// from it that a rescan happened, at one small write per rescan.
-    pub fn same_as(&self, o: &DaemonStatus) -> bool {
-        let mut a = self.clone();
-        a.updated_at = o.updated_at;
-        &a == o
-    }
-}
-
 static NOTIFY_SOCKET: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
 static WATCHDOG: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
 
 /// Read what the service manager put in our environment (`NOTIFY_SOCKET`,
-/// `WATCHDOG_*`), then remove every variable of `runner::SCRUBBED_ENV` from
+/// `WATCHDOG_*`), then remove every variable of `platform::SCRUBBED_ENV` from
 /// it, so no child (runner, step, hook, provider) inherits them. Perf: with
 /// nothing to remove, a runner is spawned without copying the environment.
 /// Call it before any other thread starts (it changes the environment).
 pub fn take_service_env() {
     let _ = notify_socket();
     let _ = watchdog_interval();
-    for k in crate::runner::SCRUBBED_ENV {
+    for k in crate::platform::SCRUBBED_ENV {
         std::env::remove_var(k);
     }
 }

@@ -160,7 +160,7 @@ fn spawn_runner_program(program: &Path, subcommand: bool, run_dir: &Path) -> io:
     // The daemon removed these from its own environment at start-up
     // (`report::take_service_env`); removing them here too would copy the
     // whole environment for every runner.
-    for k in crate::runner::SCRUBBED_ENV.iter().filter(|k| std::env::var_os(k).is_some()) {
+    for k in crate::platform::SCRUBBED_ENV.iter().filter(|k| std::env::var_os(k).is_some()) {
         cmd.env_remove(k);
     }
     // Perf: no pre_exec hook, so std can use posix_spawn (vfork) instead of fork; the

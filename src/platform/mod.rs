@@ -216,3 +216,45 @@ pub fn inode_numbers_stable(path: &Path) -> bool {
         }
     }
 }
+
+/// Variables that belong to the service manager and must not leak into
+/// runners, steps, hooks or providers.
+pub const SCRUBBED_ENV: &[&str] =
+    &["NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "JOURNAL_STREAM"];
+
+/// Inotify limits and this user's current use (instances and watches),
+/// counted from /proc like `inotify-info` does.
+pub fn inotify_usage() -> Option<crate::protocol::daemon::InotifyUsage> {
+    #[cfg(target_os = "linux")]
+    {
+        let lim =
+            |n: &str| std::fs::read_to_string(format!("/proc/sys/fs/inotify/{n}")).ok()?.trim().parse::<u64>().ok();
+        let uid = nix::unistd::getuid().as_raw();
+        let (mut instances, mut watches) = (0u64, 0u64);
+        for p in std::fs::read_dir("/proc").ok()?.flatten() {
+            use std::os::unix::fs::MetadataExt;
+            if p.metadata().map(|m| m.uid() != uid).unwrap_or(true) {
+                continue;
+            }
+            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+            for fd in fds.flatten() {
+                if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify") {
+                    instances += 1;
+                    let info = p.path().join("fdinfo").join(fd.file_name());
+                    watches += std::fs::read_to_string(info)
+                        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count() as u64)
+                        .unwrap_or(0);
+                }
+            }
+        }
+        Some(crate::protocol::daemon::InotifyUsage {
+            max_user_instances: lim("max_user_instances"),
+            max_user_watches: lim("max_user_watches"),
+            max_queued_events: lim("max_queued_events"),
+            instances,
+            watches,
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}

@@ -2,6 +2,7 @@
 
 pub mod bridge;
 pub mod control;
+pub mod daemon;
 pub mod request;
 pub mod seg;
 pub mod status;

@@ -87,25 +87,6 @@ pub fn build(name: &str, p: &config::Provider) -> Arc<dyn Provider> {
     }
 }
 
-/// Checks on one `[providers.NAME]` table beyond its types (config.rs does
-/// those); called at start and on every reload, so errors name the key.
-pub fn validate(name: &str, p: &config::Provider) -> Result<(), String> {
-    if !crate::protocol::is_id(name, 128) {
-        return Err(format!(
-            "providers.{name}: the provider name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}; rename the table"
-        ));
-    }
-    match p.kind.as_str() {
-        "slurm" if !p.command.is_empty() => Err(format!(
-            "providers.{name}.command is set, but type = \"slurm\" uses sbatch, squeue, sacct/scontrol and scancel from PATH; remove the command key"
-        )),
-        "command" if p.command.iter().any(|a| a.contains('\0')) => {
-            Err(format!("providers.{name}.command contains a NUL character; remove it"))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// What a bounded process run produced.
 pub struct Output {
     pub status: Option<ExitStatus>,
@@ -133,7 +114,7 @@ pub fn run_bounded(
 ) -> std::io::Result<Output> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    for k in crate::runner::SCRUBBED_ENV {
+    for k in crate::platform::SCRUBBED_ENV {
         cmd.env_remove(k);
     }
     for (k, v) in envs {
@@ -267,7 +248,7 @@ pub fn find_executable(name: &str) -> Result<std::path::PathBuf, String> {
 /// The config a running daemon on `layout` reports it loaded (daemon.json
 /// `config`), with its pid; None when no daemon holds the lock or it does
 /// not say.
-fn running_daemon_config(layout: &crate::store::Layout) -> Option<(u64, crate::daemon::report::ConfigInfo)> {
+fn running_daemon_config(layout: &crate::store::Layout) -> Option<(u64, crate::protocol::daemon::ConfigInfo)> {
     if !crate::store::fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false) {
         return None;
     }
@@ -307,7 +288,7 @@ pub fn cli_main(config_path: Option<&Path>, json: bool, layout: &crate::store::L
         }
     };
     if let Some((pid, info)) = &daemon {
-        if crate::daemon::report::ProviderInfo::of(&cfg) != info.providers {
+        if cfg.provider_infos() != info.providers {
             let names: Vec<String> = info.providers.iter().map(|p| format!("{} ({})", p.name, p.kind)).collect();
             eprintln!(
                 "runspool providers: warning: the file changed since the daemon loaded it; the daemon runs with: {}; \
@@ -369,15 +350,5 @@ mod tests {
         let argv: Vec<String> = ["sh", "-c", "head -c 5000 /dev/zero"].iter().map(|s| s.to_string()).collect();
         let o = run_bounded(&argv, b"", &[], far, 100).unwrap();
         assert!(o.stdout_truncated && o.stdout.len() == 100);
-    }
-
-    #[test]
-    fn validation_names_the_key() {
-        let p = config::Provider { kind: "slurm".into(), command: vec!["/x".into()], timeout_ms: 1 };
-        assert!(validate("s", &p).unwrap_err().contains("providers.s.command"));
-        let p = config::Provider { kind: "command".into(), command: vec!["a\0".into()], timeout_ms: 1 };
-        assert!(validate("k", &p).unwrap_err().contains("providers.k.command"));
-        let p = config::Provider { kind: "command".into(), command: vec!["/bin/true".into()], timeout_ms: 1 };
-        assert!(validate("k", &p).is_ok());
     }
 }

@@ -26,12 +26,8 @@ use crate::store::layout::RunPaths;
 use crate::store::run::{event, update_status};
 use crate::store::{results, Layout, Writer};
 
-/// Variables that belong to the service manager and must not leak into steps.
 /// The run "deadline" of a run without a time limit (`timeoutMs` 0): ten years.
 const NO_LIMIT_MS: u64 = 10 * 365 * 86_400_000;
-
-pub const SCRUBBED_ENV: &[&str] =
-    &["NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "JOURNAL_STREAM"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Halt {
@@ -645,7 +641,7 @@ impl Runner {
             .stdout(file)
             .stderr(err)
             .process_group(0);
-        for k in SCRUBBED_ENV {
+        for k in crate::platform::SCRUBBED_ENV {
             cmd.env_remove(k);
         }
         cmd.envs(&self.req.env).envs(&step.env);

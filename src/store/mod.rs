@@ -1,12 +1,14 @@
 //! The filesystem layer: every path (`layout`), atomic writes and locks
 //! (`fsutil`), the capacity-resilient writer (`writer`), status/events
-//! (`run`), the indexes (`index`) and result files (`results`).
+//! (`run`), the indexes (`index`), result files (`results`) and the
+//! ownership/mode checks of the directories it writes into (`safety`).
 
 pub mod fsutil;
 pub mod index;
 pub mod layout;
 pub mod results;
 pub mod run;
+pub mod safety;
 pub mod writer;
 
 pub use layout::Layout;
