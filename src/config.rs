@@ -162,7 +162,8 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, String> {
         // The path names the key of a value of the wrong type (toml's own
         // message does not); for an unknown key it names the table.
-        let c: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+        let de = toml::Deserializer::parse(text).map_err(|e| format!("{}{}", e.message(), span_hint(text, &e)))?;
+        let c: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             let e = e.into_inner();
             let at = span_hint(text, &e);

@@ -128,14 +128,16 @@ pub fn main(run_dir: &Path) -> i32 {
 /// is written (or before its first complaint), so their creation is not on the
 /// path from drop to runner. On a full disk the runner carries on without them.
 fn open_logs(dir: &Path) {
-    use std::os::fd::AsRawFd;
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
-        for (name, fd) in [("runner.stdout.log", libc::STDOUT_FILENO), ("runner.stderr.log", libc::STDERR_FILENO)] {
+        type Dup2 = fn(&std::fs::File) -> nix::Result<()>;
+        let targets: [(&str, Dup2); 2] =
+            [("runner.stdout.log", |f| nix::unistd::dup2_stdout(f)), ("runner.stderr.log", |f| nix::unistd::dup2_stderr(f))];
+        for (name, dup2) in targets {
             // A FIFO or link a step planted in place of a log is refused without blocking.
             if let Ok(f) = fsutil::open_append(&dir.join(name)) {
                 // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
-                let _ = nix::unistd::dup2(f.as_raw_fd(), fd);
+                let _ = dup2(&f);
             }
         }
     });
@@ -778,7 +780,7 @@ impl Runner {
         // A runner with pending terminal writes does not exit (PROTOCOL §11).
         let mut waited = 0u64;
         while !self.w.flush() {
-            if waited % 60 == 0 {
+            if waited.is_multiple_of(60) {
                 crate::note!(
                     "storage full: the terminal status is kept in memory and retried every second ({waited} s so far)"
                 );

@@ -146,7 +146,7 @@ pub fn wait_out_capacity<T>(what: &Path, mut f: impl FnMut() -> io::Result<T>) -
     loop {
         match f() {
             Err(e) if is_capacity(&e) => {
-                if waited % 60 == 0 {
+                if waited.is_multiple_of(60) {
                     crate::note!(
                         "{}: {e}; retrying every second until storage recovers ({waited} s so far)",
                         what.display()
@@ -176,18 +176,20 @@ pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {
     }
 }
 
-/// Exclusive flock; false when non-blocking and busy.
+/// Exclusive flock (std's `File::lock`, flock(2) on Linux and macOS); false
+/// when non-blocking and busy. A blocking wait interrupted by a signal waits on.
 pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
-    let op = libc::LOCK_EX | if nonblocking { libc::LOCK_NB } else { 0 };
+    if nonblocking {
+        return match f.try_lock() {
+            Ok(()) => Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        };
+    }
     loop {
-        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            Some(libc::EINTR) => continue,
-            _ => return Err(e),
+        match f.lock() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r.map(|()| true),
         }
     }
 }
