@@ -1,0 +1,59 @@
+//! Constants and small utilities every test binary may use: the binary under
+//! test, the default deadline and config, unique names, a seeded PRNG, and a
+//! line printer that survives `cargo test`'s output capture.
+
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_runspool");
+
+/// Generous default deadline for anything that involves the daemon or a runner.
+pub const LONG: Duration = Duration::from_secs(90);
+
+pub const DEFAULT_CONFIG: &str = "max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 5\n";
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    format!("{}-{}-{}-{}", prefix, std::process::id(), n, now_ms() % 1_000_000)
+}
+
+pub fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Deterministic xorshift64* PRNG.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+}
+
+/// Print a line that shows in `cargo test` output even when the test passes
+/// (the test harness captures `println!`/`eprintln!`, not the stderr handle).
+pub fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
