@@ -1,0 +1,79 @@
+//! CI smoke run of the benchmark (docs/performance.md) with tiny sizes, so it
+//! cannot rot. It checks that every section of the report is produced; it
+//! never asserts timings.
+//!
+//! The runspool binaries belong to the other workspace member, so cargo gives
+//! no `CARGO_BIN_EXE_runspool` here: they are taken from the directory cargo
+//! put this package's binary in (the workspace's one target directory). A
+//! plain `cargo test` builds them first; when they are missing or older than
+//! the product's sources the test fails saying so, never skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+/// The newest modification time of the `.rs` files under `dir` (what cargo
+/// rebuilds the product from; a manifest edit need not rebuild it).
+fn newest_source(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let (path, md) = (e.path(), e.metadata().ok()?);
+        let t = if md.is_dir() {
+            newest_source(&path)
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            md.modified().ok()
+        } else {
+            None
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+/// `name` as the workspace built it, checked to exist and to be newer than
+/// the product's sources.
+fn product_binary(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_runspool-bench")).parent().expect("the target directory");
+    let bin = dir.join(name);
+    let fix = "build the product first: `cargo build` at the workspace root (a plain `cargo test` does it)";
+    let built =
+        std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap_or_else(|e| panic!("{}: {e}; {fix}", bin.display()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").join("src");
+    if newest_source(&src).is_some_and(|t| t > built) {
+        panic!("{} is older than the sources in {}; {fix}", bin.display(), src.display());
+    }
+    bin
+}
+
+#[test]
+fn bench_produces_its_report() {
+    let runspool = product_binary("runspool");
+    // The daemon under test starts its runs with the runner next to it.
+    product_binary("runspool-runner");
+    let dir = tempfile::tempdir().unwrap();
+    let json_out = dir.path().join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_runspool-bench"))
+        .arg("--runspool")
+        .arg(&runspool)
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--latency-n", "3", "--burst-n", "6", "--parallel", "2", "--idle-secs", "1"])
+        .args(["--runs", "30", "--active", "4", "--calls", "1"])
+        .arg("--out")
+        .arg(&json_out)
+        .output()
+        .expect("run runspool-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "runspool-bench failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    for section in ["### Latency", "### Burst", "### Idle", "### CLI", "### Daemon start-up", "### Targets"] {
+        assert!(stdout.contains(section), "missing {section} in the report:\n{stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json_out).unwrap()).unwrap();
+    for key in ["latency", "burst", "idle", "scale", "adopt", "targets"] {
+        assert!(v.get(key).is_some(), "missing `{key}` in the JSON report: {v}");
+    }
+    // The benchmark cleans up after itself.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("bench.json")], "leftovers: {left:?}");
+}
