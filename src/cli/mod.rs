@@ -5,10 +5,13 @@ mod config_cmd;
 mod docs;
 mod doctor;
 mod inspect;
+mod logs;
 mod manage;
 mod pending;
 mod queue_cmd;
 mod submit;
+mod target;
+mod wait;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -449,9 +452,9 @@ pub fn main() -> i32 {
                 Cmd::List { active, recent, session, json } => {
                     inspect::list(&layout, active, recent, session.as_deref(), json)
                 }
-                Cmd::Wait { run, timeout, json } => pending::wait(&layout, &run, timeout, json),
+                Cmd::Wait { run, timeout, json } => wait::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
-                Cmd::Logs { run, step, follow, lines, json } => inspect::logs(&layout, &run, step, follow, lines, json),
+                Cmd::Logs { run, step, follow, lines, json } => logs::logs(&layout, &run, step, follow, lines, json),
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
