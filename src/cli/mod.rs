@@ -4,6 +4,7 @@
 mod config_cmd;
 mod docs;
 mod doctor;
+mod health;
 mod inspect;
 mod logs;
 mod manage;
@@ -447,7 +448,7 @@ pub fn main() -> i32 {
             let r = match cmd {
                 Cmd::Submit(a) => submit::submit(&layout, a),
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
-                Cmd::Status { run: None, json } => doctor::daemon_status(&layout, json),
+                Cmd::Status { run: None, json } => health::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
                 Cmd::List { active, recent, session, json } => {
                     inspect::list(&layout, active, recent, session.as_deref(), json)
