@@ -468,27 +468,7 @@ pub fn main() -> i32 {
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
-                Cmd::Service(sc) => match sc {
-                    ServiceCmd::Install { config } => {
-                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root =
-                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
-                        crate::service::install(root.as_deref(), config.as_deref())
-                    }
-                    ServiceCmd::Uninstall => crate::service::uninstall(),
-                    ServiceCmd::Start => crate::service::control("start"),
-                    ServiceCmd::Stop => crate::service::control("stop"),
-                    ServiceCmd::Restart => crate::service::control("restart"),
-                    ServiceCmd::Status { json: false } => crate::service::control("status"),
-                    ServiceCmd::Status { json: true } => crate::service::status_json(),
-                    ServiceCmd::Logs { follow } => crate::service::logs(follow),
-                    ServiceCmd::Unit { bin, config } => {
-                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root =
-                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
-                        crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
-                    }
-                },
+                Cmd::Service(sc) => service(cli.root.as_deref(), sc),
                 Cmd::Restart { run, json } => manage::restart(&layout, &run, json),
                 Cmd::Rm { runs, json } => manage::rm(&layout, &runs, json),
                 Cmd::Clean { older_than, state, dry_run, json } => {
@@ -509,6 +489,30 @@ pub fn main() -> i32 {
                     1
                 }
             }
+        }
+    }
+}
+
+/// `runspool service ...`: the unit's paths are made absolute, as the
+/// service manager starts it from another directory.
+fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
+    match sc {
+        ServiceCmd::Install { config } => {
+            let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+            let root = root.map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+            crate::service::install(root.as_deref(), config.as_deref())
+        }
+        ServiceCmd::Uninstall => crate::service::uninstall(),
+        ServiceCmd::Start => crate::service::control("start"),
+        ServiceCmd::Stop => crate::service::control("stop"),
+        ServiceCmd::Restart => crate::service::control("restart"),
+        ServiceCmd::Status { json: false } => crate::service::control("status"),
+        ServiceCmd::Status { json: true } => crate::service::status_json(),
+        ServiceCmd::Logs { follow } => crate::service::logs(follow),
+        ServiceCmd::Unit { bin, config } => {
+            let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+            let root = root.map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+            crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
         }
     }
 }
