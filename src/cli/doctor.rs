@@ -1,214 +1,154 @@
-//! `runspool doctor` and `runspool status` without a run: the daemon's health.
+//! `runspool doctor`: a list of small checks over the root, the config, the
+//! daemon's report (the typed `DaemonStatus`, through `health`), watching,
+//! free space, the service and the configured programs, rendered once as
+//! text or JSON.
 
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::json;
 
-use crate::store::{fsutil, Layout};
+use super::health::{describe_report, root_or_slash, watch_text, Health, DEFAULT_MIN_FREE};
+use crate::config::Config;
+use crate::store::Layout;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Level {
+    Ok,
+    Warn,
+    /// `doctor` exits 1 when any check fails.
+    Fail,
+}
+
+impl Level {
+    fn as_str(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Warn => "warn",
+            Level::Fail => "fail",
+        }
+    }
+
+    /// `Ok` when `good`, else `bad`.
+    fn unless(good: bool, bad: Level) -> Level {
+        if good {
+            Level::Ok
+        } else {
+            bad
+        }
+    }
+}
+
+/// One line of `doctor`; `--json` prints it as `{"check", "level", "detail"}`.
+#[derive(Debug, Serialize)]
 struct Check {
+    #[serde(rename = "check")]
     name: &'static str,
-    level: &'static str, // ok | warn | fail
+    level: Level,
     detail: String,
 }
 
-fn check(name: &'static str, level: &'static str, detail: impl Into<String>) -> Check {
+fn check(name: &'static str, level: Level, detail: impl Into<String>) -> Check {
     Check { name, level, detail: detail.into() }
 }
 
-fn read_json(p: &Path) -> Option<Value> {
-    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
-}
-
-/// daemon.json is rewritten at least every 60 s (PROTOCOL §10): older than
-/// three such periods while the daemon holds its lock, its loop is not
-/// turning (stopped, stuck, or unable to write anything).
-pub const STALE_AFTER_MS: i64 = 180_000;
-
-/// `runspool status` exit codes (besides 1 for an error).
-pub const EXIT_NOT_RUNNING: i32 = 3;
-pub const EXIT_DEGRADED: i32 = 4;
-pub const EXIT_UNRESPONSIVE: i32 = 5;
-
-/// The daemon's health as the CLI sees it: daemon.json, checked against the
-/// lock, the clock and the filesystem itself.
-struct Health {
-    alive: bool,
-    daemon: Option<Value>,
-    /// How old daemon.json is, when the daemon holds its lock and the file
-    /// is older than `STALE_AFTER_MS`.
-    stale_ms: Option<i64>,
-    /// Candidate requests (`*.json`) in the spool.
-    spool_waiting: usize,
-    storage_state: String,
-    storage_reason: Option<String>,
-}
-
-impl Health {
-    /// `config_min`: the config's `storage.min_free_bytes`, used when
-    /// daemon.json does not name the daemon's own floor.
-    fn read(layout: &Layout, config_min: Option<u64>) -> Health {
-        let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-        let daemon = read_json(&layout.daemon_json());
-        let d = daemon.as_ref().filter(|_| alive);
-        let stale_ms =
-            d.and_then(|d| d["updatedAt"].as_i64()).map(|u| crate::now_ms() - u).filter(|age| *age > STALE_AFTER_MS);
-        // The CLI's own statvfs: a daemon that could not write `degraded` (a
-        // 100% full disk) must not make a full disk look fine.
-        let min = d.and_then(|d| d["storage"]["minFreeBytes"].as_u64()).or(config_min).unwrap_or(16 << 20);
-        let root = if layout.root.exists() { layout.root.as_path() } else { Path::new("/") };
-        let own = crate::daemon::report::space_shortage(root, min);
-        let daemon_reason = d.and_then(|d| d["storage"]["reason"].as_str()).map(str::to_string);
-        let (storage_state, storage_reason) = match (d.and_then(|d| d["storage"]["state"].as_str()), own) {
-            (Some(s), _) if s != "ok" => (s.to_string(), daemon_reason),
-            (_, Some(why)) => ("degraded".to_string(), Some(why)),
-            (s, None) => (s.unwrap_or("ok").to_string(), daemon_reason),
-        };
-        Health { alive, daemon, stale_ms, spool_waiting: spool_waiting(layout), storage_state, storage_reason }
-    }
-
-    fn running(&self) -> bool {
-        self.alive && self.daemon.is_some()
-    }
-
-    fn pid(&self) -> String {
-        self.daemon.as_ref().map(|d| d["pid"].to_string()).unwrap_or_else(|| "?".into())
-    }
-
-    /// One line on an unresponsive daemon: how old daemon.json is and what waits.
-    fn unresponsive(&self) -> Option<String> {
-        let age = self.stale_ms?;
-        let n = self.spool_waiting;
-        Some(format!(
-            "unresponsive (pid {}): daemon.json was last rewritten {} s ago (it is rewritten at least every 60 s; unresponsive after {} s); {n} request{} waiting in the spool",
-            self.pid(),
-            age / 1000,
-            STALE_AFTER_MS / 1000,
-            if n == 1 { "" } else { "s" },
-        ) + if self.storage_state == "ok" {
-            ""
-        } else {
-            "; storage is degraded, which may be what keeps it from rewriting daemon.json"
-        })
-    }
-
-    fn fix(&self) -> String {
-        let pid = self.pid();
-        format!(
-            "see its log (journalctl --user -u runspool), resume it if it was stopped (kill -CONT {pid}), or restart it (systemctl --user restart runspool, or kill {pid} and start `runspool daemon`)"
-        )
-    }
-
-    fn storage_text(&self) -> String {
-        format!(
-            "{}{}",
-            self.storage_state,
-            self.storage_reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
-        )
-    }
-
-    fn exit_code(&self) -> i32 {
-        if !self.running() {
-            EXIT_NOT_RUNNING
-        } else if self.stale_ms.is_some() {
-            EXIT_UNRESPONSIVE
-        } else if self.storage_state != "ok" {
-            EXIT_DEGRADED
-        } else {
-            0
-        }
-    }
-}
-
-/// Requests waiting in the spool: `*.json` entries that are not dot names.
-fn spool_waiting(layout: &Layout) -> usize {
-    let Ok(rd) = std::fs::read_dir(layout.spool()) else { return 0 };
-    rd.flatten()
-        .filter(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            !n.starts_with('.') && n.ends_with(".json") && e.file_type().is_ok_and(|t| t.is_file())
-        })
-        .count()
-}
-
 pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::Result<i32> {
-    let mut checks = Vec::new();
-    // Root safety.
-    for p in [layout.root.clone(), layout.spool(), layout.runs()] {
-        match crate::store::safety::check_dir(&p) {
-            Ok(true) => checks.push(check("root", "ok", format!("{} is safe", p.display()))),
-            Ok(false) => {
-                checks.push(check("root", "warn", format!("{} does not exist yet; the daemon creates it", p.display())))
-            }
-            Err(e) => checks.push(check("root", "fail", e.to_string())),
-        }
-    }
-    // Config.
-    let cfg = match crate::config::Config::load(config) {
+    let mut checks = root_checks(layout);
+    let cfg = match Config::load(config) {
         Ok(c) => {
-            checks.push(check("config", "ok", "configuration is valid"));
+            checks.push(check("config", Level::Ok, "configuration is valid"));
             Some(c)
         }
         Err(e) => {
-            checks.push(check("config", "fail", e));
+            checks.push(check("config", Level::Fail, e.to_string()));
             None
         }
     };
-    // Daemon.
-    let health = Health::read(layout, cfg.as_ref().map(|c| c.storage.min_free_bytes));
-    let dj = health.daemon.clone();
-    match (&dj, health.alive) {
-        (Some(d), true) => {
-            match health.unresponsive() {
-                Some(why) => checks.push(check("daemon", "fail", format!("{why}; fix: {}", health.fix()))),
-                None => checks.push(check("daemon", "ok", format!("running, pid {}", d["pid"]))),
-            }
-            checks.push(check(
-                "watch",
-                "ok",
-                format!(
-                    "{} ({}): {}",
-                    d["watch"]["strategy"].as_str().unwrap_or("?"),
-                    d["watch"]["backend"].as_str().unwrap_or("?"),
-                    d["watch"]["reason"].as_str().unwrap_or("")
-                ),
-            ));
-            let level = if health.storage_state == "ok" { "ok" } else { "fail" };
-            checks.push(check(
-                "storage",
-                level,
-                format!(
-                    "{}{}",
-                    health.storage_state,
-                    health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
-                ),
-            ));
-            // A paused queue or an ignored queue file is why nothing starts: say so.
-            if let Some(line) = super::queue_cmd::describe_report(&d["queue"]) {
-                let level = if d["queue"]["paused"] == true || d["queue"]["error"].is_string() { "warn" } else { "ok" };
-                checks.push(check("queue", level, line));
-            }
+    let cfg = cfg.as_ref();
+    let health = Health::read(layout, cfg.map(|c| c.storage.min_free_bytes));
+    checks.extend(daemon_checks(layout, &health));
+    checks.push(filesystem_check(layout, cfg));
+    checks.extend(inotify_check());
+    checks.extend(space_check(layout, cfg));
+    checks.extend(service_checks());
+    if let Some(c) = cfg {
+        checks.extend(provider_checks(c));
+        checks.extend(hook_checks(c));
+    }
+    let failed = checks.iter().any(|c| c.level == Level::Fail);
+    if as_json {
+        let v = json!({"ok": !failed, "checks": checks, "daemon": health.daemon, "inotify": crate::platform::inotify_usage()});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for c in &checks {
+            println!("{:<5} {:<11} {}", c.level.as_str(), c.name, c.detail);
         }
-        _ => checks.push(check(
+    }
+    Ok(if failed { 1 } else { 0 })
+}
+
+/// The root, the spool and the runs directory: safe to use, or not there yet.
+fn root_checks(layout: &Layout) -> Vec<Check> {
+    [layout.root.clone(), layout.spool(), layout.runs()]
+        .into_iter()
+        .map(|p| match crate::store::safety::check_dir(&p) {
+            Ok(true) => check("root", Level::Ok, format!("{} is safe", p.display())),
+            Ok(false) => {
+                check("root", Level::Warn, format!("{} does not exist yet; the daemon creates it", p.display()))
+            }
+            Err(e) => check("root", Level::Fail, e.to_string()),
+        })
+        .collect()
+}
+
+/// Whether a daemon runs and answers, how it watches, its storage and its
+/// queue; one warning when none runs.
+fn daemon_checks(layout: &Layout, health: &Health) -> Vec<Check> {
+    let Some(d) = health.running_report() else {
+        return vec![check(
             "daemon",
-            "warn",
+            Level::Warn,
             format!(
                 "no daemon holds {}; start it with `runspool daemon` or `systemctl --user start runspool`",
                 layout.daemon_lock().display()
             ),
-        )),
+        )];
+    };
+    let mut checks = vec![
+        match health.unresponsive() {
+            Some(why) => check("daemon", Level::Fail, format!("{why}; fix: {}", health.fix())),
+            None => check("daemon", Level::Ok, format!("running, pid {}", d.pid)),
+        },
+        check("watch", Level::Ok, watch_text(d)),
+        check(
+            "storage",
+            Level::unless(health.storage_state == "ok", Level::Fail),
+            format!(
+                "{}{}",
+                health.storage_state,
+                health.storage_reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+            ),
+        ),
+    ];
+    // A paused queue or an ignored queue file is why nothing starts: say so.
+    if let Some(q) = &d.queue {
+        checks.push(check("queue", Level::unless(!q.paused && q.error.is_none(), Level::Warn), describe_report(q)));
     }
-    // Filesystem and space.
-    let fs = crate::daemon::watch::fs_type(if layout.root.exists() { &layout.root } else { Path::new("/") });
+    checks
+}
+
+/// The filesystem under the root and the watch strategy the daemon would choose on it.
+fn filesystem_check(layout: &Layout, cfg: Option<&Config>) -> Check {
+    let fs = crate::daemon::watch::fs_type(root_or_slash(layout));
     let choice = crate::daemon::watch::choose(
         std::env::consts::OS,
         fs.as_deref(),
-        cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto"),
+        cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto"),
     );
-    checks.push(check(
+    check(
         "filesystem",
-        "ok",
+        Level::Ok,
         format!(
             "{} is on {}; strategy would be {:?}: {}",
             layout.root.display(),
@@ -216,100 +156,128 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             choice.strategy,
             choice.reason
         ),
-    ));
-    if let Some(u) = crate::platform::inotify_usage() {
-        let (inst, max_inst) = (u.instances, u.max_user_instances.unwrap_or(0));
-        let level = if max_inst > 0 && inst >= max_inst { "warn" } else { "ok" };
-        checks.push(check(
-            "inotify",
-            level,
-            format!(
-                "{inst}/{max_inst} instances, {}/{} watches in use by you (sysctl fs.inotify.max_user_instances / max_user_watches)",
-                u.watches,
-                u.max_user_watches.map_or("?".to_string(), |m| m.to_string())
-            ),
-        ));
-    }
-    if let Ok((bytes, inodes)) =
-        crate::platform::free_space(if layout.root.exists() { &layout.root } else { Path::new("/") })
-    {
-        let min = cfg.as_ref().map(|c| c.storage.min_free_bytes).unwrap_or(16 << 20);
-        let level = if bytes < min || inodes == 0 { "warn" } else { "ok" };
-        checks.push(check(
-            "space",
-            level,
-            format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20),
-        ));
-    }
+    )
+}
+
+/// This user's inotify instances and watches against the limits (Linux).
+fn inotify_check() -> Option<Check> {
+    let u = crate::platform::inotify_usage()?;
+    let (inst, max_inst) = (u.instances, u.max_user_instances.unwrap_or(0));
+    Some(check(
+        "inotify",
+        Level::unless(!(max_inst > 0 && inst >= max_inst), Level::Warn),
+        format!(
+            "{inst}/{max_inst} instances, {}/{} watches in use by you (sysctl fs.inotify.max_user_instances / max_user_watches)",
+            u.watches,
+            u.max_user_watches.map_or("?".to_string(), |m| m.to_string())
+        ),
+    ))
+}
+
+/// Free bytes and inodes under the root against the config's floor.
+fn space_check(layout: &Layout, cfg: Option<&Config>) -> Option<Check> {
+    let (bytes, inodes) = crate::platform::free_space(root_or_slash(layout)).ok()?;
+    let min = cfg.map(|c| c.storage.min_free_bytes).unwrap_or(DEFAULT_MIN_FREE);
+    Some(check(
+        "space",
+        Level::unless(!(bytes < min || inodes == 0), Level::Warn),
+        format!("{} MiB and {inodes} inodes free (claiming pauses below {} MiB)", bytes >> 20, min >> 20),
+    ))
+}
+
+/// The service integration: on macOS whether launchd is reachable; on Linux
+/// the journal, the user manager, the unit and lingering.
+fn service_checks() -> Vec<Check> {
+    let mut checks = Vec::new();
     if cfg!(target_os = "macos") {
         if let Some(why) = crate::service::missing_user_manager() {
-            checks.push(check("manager", "warn", why.replace('\n', " ")));
+            checks.push(check("manager", Level::Warn, why.replace('\n', " ")));
         }
     }
-    // Service integration (Linux user services).
     if cfg!(target_os = "linux") {
-        let journal = Path::new("/run/systemd/journal/socket").exists();
-        checks.push(check("journald", if journal { "ok" } else { "warn" }, if journal {
-            "journal socket reachable; the service logs there (journalctl --user -u runspool RUN_ID=<run>)"
-        } else {
-            "no journal socket: a service's log is lost unless its stderr goes to a file (a drop-in with StandardOutput=append:FILE, see docs/operations.md); `runspool daemon` in a terminal logs to stderr"
-        }));
+        checks.push(journald_check());
         // The same diagnosis `runspool service ...` prints before refusing.
         let no_manager = crate::service::missing_user_manager();
         checks.push(match &no_manager {
-            None => check("manager", "ok", "systemd user manager reachable (systemctl --user)"),
-            Some(why) => check("manager", "warn", why.replace('\n', " ")),
+            None => check("manager", Level::Ok, "systemd user manager reachable (systemctl --user)"),
+            Some(why) => check("manager", Level::Warn, why.replace('\n', " ")),
         });
-        if let Some(home) = std::env::var_os("HOME") {
-            // Installed by `runspool service install` (per user) or by the package (system-wide).
-            let unit = [
-                Path::new(&home).join(".config/systemd/user/runspool.service"),
-                "/usr/lib/systemd/user/runspool.service".into(),
-            ]
-            .into_iter()
-            .find(|p| p.exists());
-            let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();
-            checks.push(match (unit, enabled) {
-                (Some(u), true) => check("unit", "ok", format!("{} installed and enabled", u.display())),
-                (Some(u), false) => check(
-                    "unit",
-                    "warn",
-                    format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display()),
-                ),
-                (None, _) if no_manager.is_some() => check(
-                    "unit",
-                    "warn",
-                    "no user unit installed, and none can be without a user manager (see `manager`); run `runspool daemon` yourself",
-                ),
-                (None, _) => {
-                    check("unit", "warn", "no user unit installed: `runspool service install` writes and enables one")
-                }
-            });
-        }
-        if let Some(user) = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten() {
-            let linger = Path::new("/var/lib/systemd/linger").join(&user.name).exists();
-            checks.push(check(
-                "linger",
-                if linger { "ok" } else { "warn" },
-                if linger {
-                    "lingering is on: the service survives logout".to_string()
-                } else {
-                    format!(
-                        "lingering is off: a user service stops at logout; enable it with `loginctl enable-linger {}`",
-                        user.name
-                    )
-                },
-            ));
-        }
+        checks.extend(unit_check(no_manager.is_some()));
+        checks.extend(linger_check());
     }
-    // Providers.
-    if let Some(c) = &cfg {
-        for (name, p) in &c.providers {
+    checks
+}
+
+fn journald_check() -> Check {
+    if Path::new("/run/systemd/journal/socket").exists() {
+        check(
+            "journald",
+            Level::Ok,
+            "journal socket reachable; the service logs there (journalctl --user -u runspool RUN_ID=<run>)",
+        )
+    } else {
+        check(
+            "journald",
+            Level::Warn,
+            "no journal socket: a service's log is lost unless its stderr goes to a file (a drop-in with StandardOutput=append:FILE, see docs/operations.md); `runspool daemon` in a terminal logs to stderr",
+        )
+    }
+}
+
+/// The systemd user unit: installed by `runspool service install` (per user)
+/// or by the package (system-wide), and enabled. None without a HOME.
+fn unit_check(no_manager: bool) -> Option<Check> {
+    let home = std::env::var_os("HOME")?;
+    let unit = [
+        Path::new(&home).join(".config/systemd/user/runspool.service"),
+        "/usr/lib/systemd/user/runspool.service".into(),
+    ]
+    .into_iter()
+    .find(|p| p.exists());
+    let enabled = Path::new(&home).join(".config/systemd/user/default.target.wants/runspool.service").exists();
+    Some(match (unit, enabled) {
+        (Some(u), true) => check("unit", Level::Ok, format!("{} installed and enabled", u.display())),
+        (Some(u), false) => check(
+            "unit",
+            Level::Warn,
+            format!("{} installed but not enabled: systemctl --user enable --now runspool", u.display()),
+        ),
+        (None, _) if no_manager => check(
+            "unit",
+            Level::Warn,
+            "no user unit installed, and none can be without a user manager (see `manager`); run `runspool daemon` yourself",
+        ),
+        (None, _) => check("unit", Level::Warn, "no user unit installed: `runspool service install` writes and enables one"),
+    })
+}
+
+/// Whether the user's services outlive their logout.
+fn linger_check() -> Option<Check> {
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten()?;
+    Some(if Path::new("/var/lib/systemd/linger").join(&user.name).exists() {
+        check("linger", Level::Ok, "lingering is on: the service survives logout")
+    } else {
+        check(
+            "linger",
+            Level::Warn,
+            format!(
+                "lingering is off: a user service stops at logout; enable it with `loginctl enable-linger {}`",
+                user.name
+            ),
+        )
+    })
+}
+
+/// Each configured provider's program: its command, or `sinfo` for Slurm.
+fn provider_checks(c: &Config) -> Vec<Check> {
+    c.providers
+        .iter()
+        .map(|(name, p)| {
             let exe = if p.kind == "slurm" { "sinfo".to_string() } else { p.command[0].clone() };
-            let found = find_executable(&exe);
-            checks.push(check(
+            let found = crate::providers::find_executable(&exe).is_ok();
+            check(
                 "provider",
-                if found { "ok" } else { "fail" },
+                Level::unless(found, Level::Fail),
                 format!(
                     "{name} ({}): `{exe}` {}",
                     p.kind,
@@ -319,104 +287,26 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
                         "not found or not executable; install it or fix the path in the config"
                     }
                 ),
-            ));
-        }
-    }
-    // Hook programs (they run with the daemon's PATH).
-    if let Some(c) = &cfg {
-        for (key, cmd) in [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)] {
-            if let Some(prog) = cmd.first() {
-                let found = find_executable(prog);
-                checks.push(check(
-                    "hook",
-                    if found { "ok" } else { "warn" },
-                    format!(
-                        "{key}: `{prog}` {}",
-                        if found { "found" } else { "not found on PATH; the hook will fail until it is installed" }
-                    ),
-                ));
-            }
-        }
-    }
-    let failed = checks.iter().any(|c| c.level == "fail");
-    if as_json {
-        let v: Vec<Value> =
-            checks.iter().map(|c| json!({"check": c.name, "level": c.level, "detail": c.detail})).collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"ok": !failed, "checks": v, "daemon": dj, "inotify": crate::platform::inotify_usage()})
-            )?
-        );
-    } else {
-        for c in &checks {
-            println!("{:<5} {:<11} {}", c.level, c.name, c.detail);
-        }
-    }
-    Ok(if failed { 1 } else { 0 })
+            )
+        })
+        .collect()
 }
 
-pub fn find_executable(name: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let ok = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if name.contains('/') {
-        return ok(Path::new(name));
-    }
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| ok(&d.join(name))))
-}
-
-/// `runspool status` with no run: the daemon's own status. Exit codes: 0
-/// healthy, 3 not running, 4 storage degraded, 5 unresponsive.
-pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
-    let config_min = crate::config::Config::load(None).ok().map(|c| c.storage.min_free_bytes);
-    let h = Health::read(layout, config_min);
-    let code = h.exit_code();
-    if as_json {
-        let v = json!({
-            "alive": h.alive,
-            "daemon": h.daemon,
-            "responsive": h.running() && h.stale_ms.is_none(),
-            "staleMs": h.stale_ms,
-            "spoolWaiting": h.spool_waiting,
-            "storage": {"state": h.storage_state, "reason": h.storage_reason},
-            "queue": h.daemon.as_ref().filter(|_| h.alive).map(|d| d["queue"].clone()),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(code);
-    }
-    match (h.alive, h.daemon.as_ref()) {
-        (true, Some(d)) => {
-            match h.unresponsive() {
-                Some(why) => {
-                    println!("daemon    {why}");
-                    println!("fix       {}", h.fix());
-                }
-                None => println!(
-                    "daemon    running (pid {}, version {})",
-                    d["pid"],
-                    d["runspoolVersion"].as_str().unwrap_or("?")
+/// The hook programs (they run with the daemon's PATH).
+fn hook_checks(c: &Config) -> Vec<Check> {
+    [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)]
+        .into_iter()
+        .filter_map(|(key, cmd)| {
+            let prog = cmd.first()?;
+            let found = crate::providers::find_executable(prog).is_ok();
+            Some(check(
+                "hook",
+                Level::unless(found, Level::Warn),
+                format!(
+                    "{key}: `{prog}` {}",
+                    if found { "found" } else { "not found on PATH; the hook will fail until it is installed" }
                 ),
-            }
-            println!("root      {}", layout.root.display());
-            println!(
-                "watch     {} ({}): {}",
-                d["watch"]["strategy"].as_str().unwrap_or("?"),
-                d["watch"]["backend"].as_str().unwrap_or("?"),
-                d["watch"]["reason"].as_str().unwrap_or("")
-            );
-            println!("storage   {}", h.storage_text());
-            println!("runs      {} running, {} queued", d["runs"]["running"], d["runs"]["queued"]);
-            if let Some(line) = super::queue_cmd::describe_report(&d["queue"]) {
-                println!("queue     {line}");
-            }
-            Ok(code)
-        }
-        _ => {
-            println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
-            if let Some(line) = super::queue_cmd::describe_file(layout) {
-                println!("queue     {line}");
-            }
-            Ok(code)
-        }
-    }
+            ))
+        })
+        .collect()
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
-use super::pending::Target;
+use super::target::Target;
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
@@ -17,7 +17,7 @@ use crate::store::{fsutil, index, run, Layout};
 
 /// The run directory `arg` names; a pending or rejected request is refused with `what` to do.
 fn resolve_run(layout: &Layout, arg: &str, verb: &str) -> anyhow::Result<String> {
-    match super::pending::resolve(layout, arg)? {
+    match super::target::resolve(layout, arg)? {
         Target::Run(id) => Ok(id),
         Target::Pending(p) => bail!(
             "`{arg}` is a request still in the spool ({}); there is no run to {verb} yet \
@@ -201,7 +201,7 @@ pub fn complete_runs(layout: &Layout) -> i32 {
                 .collect()
         })
         .unwrap_or_default();
-    ids.extend(super::pending::pending_ids(layout));
+    ids.extend(super::target::pending_ids(layout));
     ids.sort();
     ids.dedup();
     for id in ids {

@@ -4,11 +4,15 @@
 mod config_cmd;
 mod docs;
 mod doctor;
+mod health;
 mod inspect;
+mod logs;
 mod manage;
 mod pending;
 mod queue_cmd;
 mod submit;
+mod target;
+mod wait;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -378,19 +382,28 @@ enum ServiceCmd {
     },
 }
 
+/// Why a duration argument was refused (clap prints it after the argument's name).
+#[derive(Debug, thiserror::Error)]
+pub enum DurationError {
+    #[error("`{0}` is not a duration; use e.g. 500ms, 30s, 5m or 1h")]
+    NotANumber(String),
+    #[error("`{text}` has an unknown unit `{unit}`; use ms, s, m, h or d")]
+    UnknownUnit { text: String, unit: String },
+}
+
 /// Parse `500ms`, `30s`, `5m`, `1h`, `2d` or bare seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration; use e.g. 500ms, 30s, 5m or 1h"))?;
+    let n: f64 = num.parse().map_err(|_| DurationError::NotANumber(s.to_string()))?;
     let ms = match unit {
         "ms" => n,
         "" | "s" => n * 1e3,
         "m" => n * 60e3,
         "h" => n * 3600e3,
         "d" => n * 86400e3,
-        _ => return Err(format!("`{s}` has an unknown unit `{unit}`; use ms, s, m, h or d")),
+        _ => return Err(DurationError::UnknownUnit { text: s.to_string(), unit: unit.to_string() }),
     };
     Ok(Duration::from_millis(ms as u64))
 }
@@ -444,38 +457,18 @@ pub fn main() -> i32 {
             let r = match cmd {
                 Cmd::Submit(a) => submit::submit(&layout, a),
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
-                Cmd::Status { run: None, json } => doctor::daemon_status(&layout, json),
+                Cmd::Status { run: None, json } => health::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
                 Cmd::List { active, recent, session, json } => {
                     inspect::list(&layout, active, recent, session.as_deref(), json)
                 }
-                Cmd::Wait { run, timeout, json } => pending::wait(&layout, &run, timeout, json),
+                Cmd::Wait { run, timeout, json } => wait::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
-                Cmd::Logs { run, step, follow, lines, json } => inspect::logs(&layout, &run, step, follow, lines, json),
+                Cmd::Logs { run, step, follow, lines, json } => logs::logs(&layout, &run, step, follow, lines, json),
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
-                Cmd::Service(sc) => match sc {
-                    ServiceCmd::Install { config } => {
-                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root =
-                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
-                        crate::service::install(root.as_deref(), config.as_deref())
-                    }
-                    ServiceCmd::Uninstall => crate::service::uninstall(),
-                    ServiceCmd::Start => crate::service::control("start"),
-                    ServiceCmd::Stop => crate::service::control("stop"),
-                    ServiceCmd::Restart => crate::service::control("restart"),
-                    ServiceCmd::Status { json: false } => crate::service::control("status"),
-                    ServiceCmd::Status { json: true } => crate::service::status_json(),
-                    ServiceCmd::Logs { follow } => crate::service::logs(follow),
-                    ServiceCmd::Unit { bin, config } => {
-                        let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
-                        let root =
-                            cli.root.as_deref().map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
-                        crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
-                    }
-                },
+                Cmd::Service(sc) => service(cli.root.as_deref(), sc),
                 Cmd::Restart { run, json } => manage::restart(&layout, &run, json),
                 Cmd::Rm { runs, json } => manage::rm(&layout, &runs, json),
                 Cmd::Clean { older_than, state, dry_run, json } => {
@@ -500,6 +493,30 @@ pub fn main() -> i32 {
     }
 }
 
+/// `runspool service ...`: the unit's paths are made absolute, as the
+/// service manager starts it from another directory.
+fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
+    match sc {
+        ServiceCmd::Install { config } => {
+            let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+            let root = root.map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+            crate::service::install(root.as_deref(), config.as_deref())
+        }
+        ServiceCmd::Uninstall => crate::service::uninstall(),
+        ServiceCmd::Start => crate::service::control("start"),
+        ServiceCmd::Stop => crate::service::control("stop"),
+        ServiceCmd::Restart => crate::service::control("restart"),
+        ServiceCmd::Status { json: false } => crate::service::control("status"),
+        ServiceCmd::Status { json: true } => crate::service::status_json(),
+        ServiceCmd::Logs { follow } => crate::service::logs(follow),
+        ServiceCmd::Unit { bin, config } => {
+            let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
+            let root = root.map(|r| std::path::absolute(r).unwrap_or_else(|_| r.to_path_buf()));
+            crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
+        }
+    }
+}
+
 pub(crate) fn ensure_dir(p: &Path) -> anyhow::Result<()> {
     crate::store::fsutil::mkdir_private_all(p).with_context(|| format!("cannot create {}", p.display()))
 }
@@ -513,7 +530,8 @@ mod tests {
         assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("5 parsecs").is_err());
+        assert!(matches!(parse_duration("5 parsecs"), Err(DurationError::UnknownUnit { .. })));
+        assert!(matches!(parse_duration("soon"), Err(DurationError::NotANumber(_))));
     }
 
     /// `--help` never shows an argument or option with a blank help line.

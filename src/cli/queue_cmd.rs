@@ -3,7 +3,6 @@
 //! at once and reports in daemon.json `queue`.
 
 use anyhow::Context as _;
-use serde_json::Value;
 
 use crate::daemon::queue::{self, QueueFile};
 use crate::store::Layout;
@@ -103,10 +102,7 @@ pub fn max_running(layout: &Layout, n: Option<usize>, clear: bool) -> anyhow::Re
         (None, true) => q.max_running = None,
         _ => {
             // Show what applies.
-            let report = crate::store::fsutil::read_nofollow(&layout.daemon_json(), 1 << 20)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-            let effective = report.as_ref().and_then(|r| r["queue"]["maxRunning"].as_u64());
+            let effective = super::health::read_report_nofollow(layout).and_then(|r| r.queue).map(|q| q.max_running);
             match (q.max_running, effective) {
                 (Some(o), _) => println!("max-running {o} (override in {})", queue::path(layout).display()),
                 (None, Some(e)) => println!("max-running {e} (from the daemon's config)"),
@@ -121,47 +117,4 @@ pub fn max_running(layout: &Layout, n: Option<usize>, clear: bool) -> anyhow::Re
         None => println!("max-running override cleared: the config's max_running applies ({})", daemon_note(layout)),
     }
     Ok(0)
-}
-
-/// The `queue` line of `runspool status` from daemon.json's `queue`.
-pub fn describe_report(q: &Value) -> Option<String> {
-    if q.is_null() {
-        return None;
-    }
-    let mut s = if q["paused"].as_bool() == Some(true) {
-        let mut s = "paused".to_string();
-        if let Some(since) = q["since"].as_i64() {
-            let secs = (crate::now_ms() - since).max(0) / 1000;
-            s.push_str(&format!(" for {secs}s"));
-        }
-        if let Some(r) = q["reason"].as_str() {
-            s.push_str(&format!(" ({r})"));
-        }
-        s.push_str(", nothing claimed or started until `runspool resume`");
-        s
-    } else {
-        "accepting".to_string()
-    };
-    let max = q["maxRunning"].as_u64().unwrap_or(0);
-    match q["maxRunningOverride"].as_u64() {
-        Some(_) => s.push_str(&format!("; max-running {max} (override; `runspool max-running --clear`)")),
-        None => s.push_str(&format!("; max-running {max} (config)")),
-    }
-    if let Some(e) = q["error"].as_str() {
-        s.push_str(&format!("; queue file ignored: {e}"));
-    }
-    Some(s)
-}
-
-/// The `queue` line of `runspool status` with no daemon: what the file says.
-pub fn describe_file(layout: &Layout) -> Option<String> {
-    match queue::read(&queue::path(layout)) {
-        Ok(Some(q)) if q.paused || q.max_running.is_some() => Some(format!(
-            "{}{} (applies when the daemon starts)",
-            if q.paused { "paused" } else { "accepting" },
-            q.max_running.map(|n| format!("; max-running {n}")).unwrap_or_default()
-        )),
-        Ok(_) => None,
-        Err(e) => Some(format!("queue file ignored: {e}")),
-    }
 }

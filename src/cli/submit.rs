@@ -87,10 +87,10 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
     }
     if a.follow {
         // Like `logs -f`: waits for the claim of the request still in the spool, then for the end.
-        return super::inspect::logs(layout, &run_id, None, true, None, false);
+        return super::logs::logs(layout, &run_id, None, true, None, false);
     }
     if a.wait {
-        return super::inspect::wait(layout, &run_id, a.wait_timeout, Some(&name), false);
+        return super::wait::wait_run(layout, &run_id, a.wait_timeout, Some(&name), false);
     }
     Ok(0)
 }

@@ -1,0 +1,238 @@
+//! What a run argument names. A request is a run from the moment it is in
+//! the spool: `status`, `wait`, `logs` and `stop` name a run by its id (or a
+//! unique prefix), and that id may still belong to a request waiting in
+//! `spool/` (by the run id it will get, or by its file name), or to one
+//! refused or withdrawn before any run directory existed.
+//!
+//! The bottom of the CLI's readers: `inspect`, `pending`, `wait`, `logs` and
+//! `manage` use it; it uses none of them.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use serde_json::Value;
+
+use crate::daemon::spool::{self, classify_name, Name};
+use crate::protocol::is_id;
+use crate::protocol::request::MAX_REQUEST_BYTES;
+use crate::protocol::status::Status;
+use crate::store::layout::RunPaths;
+use crate::store::{fsutil, run, Layout};
+
+/// What a run argument names.
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// A run directory.
+    Run(String),
+    /// A request still in the spool.
+    Pending(Pending),
+    /// Refused or withdrawn before any run directory existed: its error file.
+    Rejected { name: String, error_file: PathBuf },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    /// The run id it gets when claimed: the body's `runId`, else the one the
+    /// daemon derives from the entry (`spool::claim_id`).
+    pub run_id: String,
+    /// Its file name in the spool.
+    pub name: String,
+    /// When it was published (the entry's mtime), ms.
+    pub since_ms: i64,
+}
+
+/// A run directory of that id (claimed, half-claimed or another host's).
+fn run_exists(layout: &Layout, id: &str) -> bool {
+    if !is_id(id, 128) {
+        return false;
+    }
+    let dir = layout.run_dir(id);
+    std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+        && (RunPaths::status(&dir).exists() || RunPaths::request(&dir).exists())
+}
+
+/// The spool entry `name`, if it is one the daemon could claim.
+fn entry(layout: &Layout, name: &str) -> Option<Pending> {
+    if classify_name(name) != Name::Candidate {
+        return None;
+    }
+    let path = layout.spool().join(name);
+    let md = std::fs::symlink_metadata(&path).ok()?;
+    if !md.is_file() || md.len() > MAX_REQUEST_BYTES {
+        return None;
+    }
+    // The spool is anyone's to write: never follow a link or wait on a FIFO there.
+    let body =
+        fsutil::read_nofollow(&path, MAX_REQUEST_BYTES).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    // Without a valid runId the daemon derives one from the entry (an invalid
+    // one gets the request rejected, and no run of that name is created).
+    let run_id = body
+        .as_ref()
+        .and_then(|b| b.get("runId"))
+        .and_then(Value::as_str)
+        .filter(|s| is_id(s, 128))
+        .map_or_else(|| spool::claim_id(&md, name), str::to_string);
+    Some(Pending { run_id, name: name.to_string(), since_ms: md.mtime() * 1000 + md.mtime_nsec() / 1_000_000 })
+}
+
+/// Every claimable entry in the spool.
+fn entries(layout: &Layout) -> Vec<Pending> {
+    let Ok(rd) = std::fs::read_dir(layout.spool()) else { return vec![] };
+    rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter_map(|n| entry(layout, &n)).collect()
+}
+
+/// The run ids the requests waiting in the spool will get.
+pub(crate) fn pending_ids(layout: &Layout) -> Vec<String> {
+    entries(layout).into_iter().map(|p| p.run_id).collect()
+}
+
+/// An exact match of `arg`: a run id, a pending request's run id or file
+/// name, or a settled rejection's name.
+fn exact(layout: &Layout, arg: &str) -> Option<Target> {
+    if run_exists(layout, arg) {
+        return Some(Target::Run(arg.to_string()));
+    }
+    let stem = arg.strip_suffix(".json").unwrap_or(arg);
+    if let Some(p) = entry(layout, &format!("{stem}.json")) {
+        return Some(Target::Pending(p));
+    }
+    if let Some(p) = entries(layout).into_iter().find(|p| p.run_id == arg) {
+        return Some(Target::Pending(p));
+    }
+    // Claimed between the two looks: the claim's rename moved it into its run.
+    if run_exists(layout, arg) {
+        return Some(Target::Run(arg.to_string()));
+    }
+    let error_file = layout.rejected().join(format!("{stem}.error.json"));
+    if std::fs::symlink_metadata(&error_file).is_ok_and(|m| m.is_file()) {
+        return Some(Target::Rejected { name: format!("{stem}.json"), error_file });
+    }
+    None
+}
+
+/// Resolve a run argument: a full run id (of any length), a pending request's
+/// run id or spool file name, or a unique prefix of 8 or more characters of
+/// either kind of run id.
+pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
+    // A rejection moves the entry out of the spool a moment before its error
+    // file and run appear: look again before saying there is nothing.
+    for attempt in 0..3 {
+        if let Some(t) = exact(layout, arg) {
+            return Ok(t);
+        }
+        if attempt < 2 && std::fs::symlink_metadata(layout.rejected().join(arg)).is_ok() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    if arg.len() < 8 {
+        bail!(
+            "no run or pending request `{arg}` under {}; give the full run id or a prefix of 8 or more characters \
+             (see `runspool list`)",
+            layout.root.display()
+        );
+    }
+    let mut found: Vec<Target> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(layout.runs()) {
+        for e in rd.flatten() {
+            if let Some(n) = e.file_name().to_str() {
+                if n.starts_with(arg) && !n.starts_with('.') {
+                    found.push(Target::Run(n.to_string()));
+                }
+            }
+        }
+    }
+    for p in entries(layout) {
+        if p.run_id.starts_with(arg) && !found.iter().any(|t| matches!(t, Target::Run(id) if *id == p.run_id)) {
+            found.push(Target::Pending(p));
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("no run or pending request matches `{arg}` under {}; see `runspool list`", layout.root.display()),
+        n => {
+            let ids: Vec<&str> = found
+                .iter()
+                .map(|t| match t {
+                    Target::Run(id) => id.as_str(),
+                    Target::Pending(p) => p.run_id.as_str(),
+                    Target::Rejected { name, .. } => name.as_str(),
+                })
+                .collect();
+            bail!("`{arg}` matches {n} runs ({}); give more characters", ids.join(", "))
+        }
+    }
+}
+
+/// Wait until the pending request `p` leaves the spool, or `give_up` passes.
+/// Ok(true): its run directory exists (claimed, or rejected with a run);
+/// Ok(false): it left without a run (rejected or withdrawn without a run id,
+/// see its error file) or time ran out while it still waits.
+pub(crate) fn await_claim(layout: &Layout, p: &Pending, give_up: Option<std::time::Instant>) -> anyhow::Result<bool> {
+    let path = layout.spool().join(&p.name);
+    let mut gone_since: Option<std::time::Instant> = None;
+    loop {
+        if RunPaths::status(&layout.run_dir(&p.run_id)).exists() {
+            return Ok(true);
+        }
+        let in_spool = std::fs::symlink_metadata(&path).is_ok();
+        let half_claimed = RunPaths::request(&layout.run_dir(&p.run_id)).exists();
+        if !in_spool && !half_claimed {
+            let stem = p.name.trim_end_matches(".json");
+            if layout.rejected().join(format!("{stem}.error.json")).exists() {
+                return Ok(false);
+            }
+            let since = *gone_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "request {} left the spool but neither run {} nor a rejection in {} appeared; \
+                     another client may have removed it",
+                    path.display(),
+                    layout.run_dir(&p.run_id).display(),
+                    layout.rejected().display()
+                );
+            }
+        } else {
+            gone_since = None;
+        }
+        if give_up.is_some_and(|g| std::time::Instant::now() >= g) {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Is a daemon holding the root's lock?
+pub(crate) fn daemon_running(layout: &Layout) -> bool {
+    fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false)
+}
+
+/// How long ago `ms` was, for people: `42s`, `3m`, `2h`, `1d`.
+pub(crate) fn age(ms: i64) -> String {
+    let s = ((crate::now_ms() - ms) / 1000).max(0);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        3600..=86399 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// Where the error file of a rejection or withdrawal of the entry `name` is.
+pub(crate) fn error_file(layout: &Layout, name: &str) -> PathBuf {
+    layout.rejected().join(format!("{}.error.json", name.trim_end_matches(".json")))
+}
+
+/// Read an error file from rejected/: (code, message).
+pub(crate) fn read_error(p: &Path) -> (String, String) {
+    let v: Value =
+        fsutil::read_nofollow(p, 1 << 20).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    (v["code"].as_str().unwrap_or("?").to_string(), v["message"].as_str().unwrap_or("see the error file").to_string())
+}
+
+/// A run's status.json; an error naming the run directory when it has none yet.
+pub(crate) fn load(layout: &Layout, id: &str) -> anyhow::Result<Status> {
+    run::read_status(&layout.run_dir(id))?
+        .with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
+}
