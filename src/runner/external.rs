@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{json, Map, Value};
 
-use super::{Halt, Msg, Runner, Running};
+use super::{Msg, Runner, Running};
 use crate::protocol::bridge::{digest, validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::protocol::outcome::{classify, Exit, StepEnd};
 use crate::protocol::request::{ExternalJob, Step};
-use crate::protocol::status::StepState;
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
@@ -240,71 +240,35 @@ impl Runner {
     }
 
     fn record_external(&mut self, i: usize, r: Running, o: Outcome) {
-        let ended = crate::now_ms();
         let dur = r.started.elapsed().as_millis() as i64;
-        let halt = self.halt;
-        let agent = self.status.steps[i].agent.clone();
         if let Some(f) = &o.output_file {
             if self.status.output_file == self.status.steps[i].output_file {
                 self.status.output_file = Some(f.clone());
             }
         }
+        let outcome = classify(StepEnd {
+            exit: Exit::Job { completed: o.kind == Kind::Completed, note: o.error },
+            timed_out: r.timed_out,
+            halt: self.halt,
+            // A targeted stop cancels the job; the step then ends as failed.
+            stopped_alone: None,
+            duration_ms: dur,
+        });
+        self.step_timed_out |= r.timed_out;
         let st = &mut self.status.steps[i];
         st.external_job = Some(o.job.clone());
         if let Some(f) = &o.output_file {
             st.output_file = Some(f.clone());
         }
-        st.ended_at = Some(ended);
+        st.ended_at = Some(crate::now_ms());
         st.duration_ms = Some(dur);
-        let note = o.error.clone();
-        let kind = if r.timed_out {
-            st.status = StepState::Failed;
-            st.timed_out = Some(true);
-            st.exit_code = Some(1);
-            st.error =
-                Some(format!("step timed out after {dur} ms{}", note.map(|n| format!("; {n}")).unwrap_or_default()));
-            self.step_timed_out = true;
-            "failed"
-        } else if o.kind == Kind::Completed && halt.is_none() {
-            st.status = StepState::Complete;
-            st.exit_code = Some(0);
-            "completed"
-        } else {
-            match halt {
-                Some(Halt::Stop) => {
-                    st.status = StepState::Stopped;
-                    st.stopped = Some(true);
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "stopped"
-                }
-                Some(Halt::Interrupt) => {
-                    st.status = StepState::Paused;
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "paused"
-                }
-                Some(Halt::Timeout) => {
-                    st.status = StepState::Failed;
-                    st.timed_out = Some(true);
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "failed"
-                }
-                None => {
-                    st.status = StepState::Failed;
-                    st.exit_code = Some(1);
-                    st.error = Some(note.unwrap_or_else(|| "the external job did not complete".into()));
-                    "failed"
-                }
-            }
-        };
-        let code = self.status.steps[i].exit_code.unwrap_or(1);
+        outcome.apply(st);
+        let agent = st.agent.clone();
         self.save();
         self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": o.job}));
         self.ev(
-            &format!("subagent.step.{kind}"),
-            json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
+            &format!("subagent.step.{}", outcome.event_kind()),
+            json!({"stepIndex": i, "agent": agent, "exitCode": outcome.exit_code, "durationMs": dur}),
         );
     }
 }

@@ -19,8 +19,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
+use crate::protocol::outcome::{classify, run_ending, Exit, Halt, StepEnd};
 use crate::protocol::request::{self, Context, Item, Rejection, Request, Step, MAX_REQUEST_BYTES};
-use crate::protocol::status::{RunnerInfo, State, Status, StepState};
+use crate::protocol::status::{OpenSteps, RunnerInfo, State, Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use crate::store::run::{event, update_status};
@@ -28,13 +29,6 @@ use crate::store::{results, Layout, Writer};
 
 /// The run "deadline" of a run without a time limit (`timeoutMs` 0): ten years.
 const NO_LIMIT_MS: u64 = 10 * 365 * 86_400_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Halt {
-    Interrupt,
-    Timeout,
-    Stop,
-}
 
 enum Msg {
     External(usize, external::Event),
@@ -674,88 +668,39 @@ impl Runner {
         };
         // The group may have members left after its leader exited.
         signal_group(r.pid, Signal::SIGKILL);
-        let ended = crate::now_ms();
         let dur = r.started.elapsed().as_millis() as i64;
-        let halt = self.halt;
-        let agent = self.status.steps[i].agent.clone();
+        let outcome = classify(StepEnd {
+            exit: Exit::Process { code, signal },
+            timed_out: r.timed_out,
+            halt: self.halt,
+            stopped_alone: self.step_stop.get(&i).map(|(why, _)| why.as_str()),
+            duration_ms: dur,
+        });
+        self.step_timed_out |= r.timed_out;
         let st = &mut self.status.steps[i];
-        st.exit_code = Some(code);
-        st.signal = signal;
-        st.ended_at = Some(ended);
+        outcome.apply(st);
+        st.ended_at = Some(crate::now_ms());
         st.duration_ms = Some(dur);
-        let kind = if r.timed_out {
-            st.status = StepState::Failed;
-            st.timed_out = Some(true);
-            st.error = Some(format!("step timed out after {} ms", dur));
-            self.step_timed_out = true;
-            "failed"
-        } else if code == 0 && halt.is_none() {
-            st.status = StepState::Complete;
-            "completed"
-        } else if let (None, Some((why, _))) = (halt, self.step_stop.get(&i)) {
-            st.status = StepState::Stopped;
-            st.stopped = Some(true);
-            st.error = Some(why.clone());
-            "stopped"
-        } else {
-            match halt {
-                Some(Halt::Stop) => {
-                    st.status = StepState::Stopped;
-                    st.stopped = Some(true);
-                    "stopped"
-                }
-                Some(Halt::Interrupt) => {
-                    st.status = StepState::Paused;
-                    "paused"
-                }
-                Some(Halt::Timeout) => {
-                    st.status = StepState::Failed;
-                    st.timed_out = Some(true);
-                    "failed"
-                }
-                None => {
-                    st.status = StepState::Failed;
-                    st.error = Some(format!("exited with code {code}"));
-                    "failed"
-                }
-            }
-        };
+        let agent = st.agent.clone();
         if save_now {
             self.save();
         }
         self.ev(
-            &format!("subagent.step.{kind}"),
+            &format!("subagent.step.{}", outcome.event_kind()),
             json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
         );
     }
 
     fn finish(&mut self) {
         let now = crate::now_ms();
-        let (state, skip_status, skip_msg) = match self.halt {
-            Some(Halt::Stop) => (State::Stopped, StepState::Stopped, "skipped: the run was stopped"),
-            Some(Halt::Interrupt) => (State::Paused, StepState::Paused, "skipped: the run was interrupted"),
-            Some(Halt::Timeout) => (State::Failed, StepState::Failed, "skipped: the run timed out"),
-            None if self.any_failed() => (State::Failed, StepState::Failed, "skipped: an earlier step failed"),
-            None => (State::Complete, StepState::Complete, ""),
-        };
-        for st in self.status.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
-            st.status = skip_status.clone();
-            st.exit_code = Some(-1);
-            st.duration_ms = Some(0);
-            st.error = Some(skip_msg.to_string());
-        }
-        let s = &mut self.status;
-        s.state = state.clone();
-        s.ended_at = Some(now);
-        s.timed_out = self.halt == Some(Halt::Timeout) || self.step_timed_out;
-        s.stopped = self.halt == Some(Halt::Stop);
-        s.exit_code = Some(s.terminal_exit_code());
-        if state != State::Complete {
-            s.error = Some(match self.halt {
-                Some(_) => self.halt_reason.clone(),
-                None => first_error(s),
-            });
-        }
+        let (state, skip_status, skip_msg) = run_ending(self.halt, self.any_failed());
+        // Skipped steps are not failed ones: the first error is read before they are skipped.
+        let error = (state != State::Complete).then(|| match self.halt {
+            Some(_) => self.halt_reason.clone(),
+            None => first_error(&self.status),
+        });
+        self.status.end(state.clone(), error, &OpenSteps::skipped(skip_status, skip_msg), now);
+        self.status.timed_out = self.halt == Some(Halt::Timeout) || self.step_timed_out;
         let duration = now - self.status.started_at;
         match self.halt {
             Some(Halt::Stop) => self.ev("subagent.run.stopped", json!({"message": self.halt_reason})),
