@@ -79,7 +79,7 @@ fn warnings(c: &Config) -> Vec<String> {
     let mut out = Vec::new();
     for (key, cmd) in [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)] {
         if let Some(prog) = cmd.first() {
-            if let Err(e) = crate::providers::find_executable(prog) {
+            if let Err(e) = crate::platform::exec::find_executable(prog) {
                 out.push(format!(
                     "{key}: {e}; the hook will fail until it is installed (the service's PATH may differ from yours)"
                 ));

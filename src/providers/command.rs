@@ -5,7 +5,8 @@
 
 use serde_json::json;
 
-use super::{failure, find_executable, run_bounded, tail_text, Call, Provider, ProviderError};
+use super::{failure, run_bounded, tail_text, Call, Provider, ProviderError};
+use crate::platform::exec::find_executable;
 use crate::protocol::bridge::{parse_failure, parse_handle, Handle, Operation, MAX_OUTPUT};
 
 pub struct CommandProvider {

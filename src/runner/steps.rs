@@ -4,15 +4,16 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read as _;
 use std::os::fd::AsFd as _;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{heartbeat, signal_group, Msg, Runner, Running};
+use crate::platform::exec;
 use crate::protocol::outcome::{classify, Exit, Halt, StepEnd};
 use crate::protocol::request::{Item, Step};
 use crate::protocol::status::StepState;
@@ -291,16 +292,12 @@ impl Runner {
             Ok((f, e))
         })
         .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
-        let mut cmd = Command::new(&argv[0]);
+        let mut cmd = exec::command(&argv[0], exec::Detach { own_group: true, die_with_thread: false });
         cmd.args(&argv[1..])
             .current_dir(step.cwd.as_deref().unwrap_or(&self.req.cwd))
             .stdin(Stdio::null())
             .stdout(file)
-            .stderr(err)
-            .process_group(0);
-        for k in crate::platform::SCRUBBED_ENV {
-            cmd.env_remove(k);
-        }
+            .stderr(err);
         cmd.envs(&self.req.env).envs(&step.env);
         cmd.env("RUNSPOOL_RUN_ID", &self.status.run_id)
             .env("RUNSPOOL_RUN_DIR", &self.dir)

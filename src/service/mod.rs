@@ -112,11 +112,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first executable `name` on PATH.
 fn on_path(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    crate::platform::exec::find_executable(name).ok()
 }
 
 /// Run `cmd` with its output captured, killing it after `limit`; `Err` says
