@@ -59,7 +59,7 @@ pub trait Provider: Send + Sync {
         Ok(None)
     }
     /// A one-line health check for `runspool providers`.
-    fn check(&self) -> Result<String, String>;
+    fn check(&self) -> Result<String, CheckError>;
     /// `NAME=value` pairs in the environment of every process this provider
     /// starts for `call` (and of their descendants, unless they drop them):
     /// recovery kills what a dead servicer's call left with them before it
@@ -68,6 +68,14 @@ pub trait Provider: Send + Sync {
     fn marks(&self, _call: &Call) -> Vec<String> {
         Vec::new()
     }
+}
+
+/// Why a provider failed its health check: a message that names the
+/// provider's config key and what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    #[error("{0}")]
+    Failed(String),
 }
 
 pub type Providers = BTreeMap<String, (Arc<dyn Provider>, Duration)>;
@@ -261,8 +269,11 @@ apply the file with `systemctl --user reload runspool` or `kill -HUP {pid}`",
             );
         }
     }
-    let checks: Vec<(String, &config::Provider, Result<String, String>)> =
-        cfg.providers.iter().map(|(name, p)| (name.clone(), p, build(name, p).check())).collect();
+    let checks: Vec<(String, &config::Provider, Result<String, String>)> = cfg
+        .providers
+        .iter()
+        .map(|(name, p)| (name.clone(), p, build(name, p).check().map_err(|e| e.to_string())))
+        .collect();
     let failed = checks.iter().filter(|c| c.2.is_err()).count();
     if json {
         let v: Vec<serde_json::Value> = checks
