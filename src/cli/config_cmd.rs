@@ -45,6 +45,7 @@ pub fn check(explicit: Option<&Path>, json_out: bool) -> i32 {
             0
         }
         Err(e) => {
+            let e = e.to_string();
             // `load` stops at the first error; list them all, each under the file's name as `load` does.
             let text = path.as_ref().filter(|_| exists).and_then(|p| std::fs::read_to_string(p).ok());
             let all: Vec<String> = text

@@ -151,7 +151,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
             Some(c)
         }
         Err(e) => {
-            checks.push(check("config", "fail", e));
+            checks.push(check("config", "fail", e.to_string()));
             None
         }
     };
