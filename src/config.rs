@@ -142,7 +142,7 @@ impl Config {
     }
 
     /// Load: an explicit file must exist; a missing default file means defaults.
-    pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         let (path, required) = match explicit {
             Some(p) => (p.to_path_buf(), true),
             None => match default_path() {
@@ -151,28 +151,29 @@ impl Config {
             },
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Ok(text) => Config::parse(&text).map_err(|e| ConfigError::Invalid { path, message: e.to_string() }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
-            Err(e) => {
-                Err(format!("cannot read the config file {}: {e}; fix the path given to --config", path.display()))
-            }
+            Err(source) => Err(ConfigError::Read { path, source }),
         }
     }
 
-    pub fn parse(text: &str) -> Result<Config, String> {
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
         // The path names the key of a value of the wrong type (toml's own
         // message does not); for an unknown key it names the table.
-        let de = toml::Deserializer::parse(text).map_err(|e| format!("{}{}", e.message(), span_hint(text, &e)))?;
-        let c: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            let e = e.into_inner();
-            let at = span_hint(text, &e);
-            if key.is_empty() || key == "." {
-                format!("{}{at}", e.message())
-            } else {
-                format!("{key}: {}{at}", e.message())
-            }
-        })?;
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| ConfigError::Parse(format!("{}{}", e.message(), span_hint(text, &e))))?;
+        let c: Config = serde_path_to_error::deserialize(de)
+            .map_err(|e| {
+                let key = e.path().to_string();
+                let e = e.into_inner();
+                let at = span_hint(text, &e);
+                if key.is_empty() || key == "." {
+                    format!("{}{at}", e.message())
+                } else {
+                    format!("{key}: {}{at}", e.message())
+                }
+            })
+            .map_err(ConfigError::Parse)?;
         c.check()?;
         Ok(c)
     }
@@ -264,9 +265,9 @@ impl Config {
         out
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ConfigError> {
         match self.problems().into_iter().next() {
-            Some(e) => Err(e),
+            Some(e) => Err(ConfigError::Parse(e)),
             None => Ok(()),
         }
     }
@@ -336,7 +337,7 @@ impl Config {
     pub fn parse_all(text: &str) -> Vec<String> {
         let first = match Config::parse(text) {
             Ok(_) => return vec![],
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         let Ok(mut table) = text.parse::<toml::Table>() else {
             return vec![first]; // A syntax error: nothing after it can be read.
@@ -390,6 +391,21 @@ impl Config {
         out.dedup();
         out
     }
+}
+
+/// Why a configuration is refused. Each message names the file or key and
+/// the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read the config file {}: {source}; fix the path given to --config", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// The file was read; its text is refused (`message` is `Parse`'s).
+    #[error("{}: {message}", .path.display())]
+    Invalid { path: PathBuf, message: String },
+    /// The text is refused: syntax, an unknown key, a wrong type or value.
+    #[error("{0}")]
+    Parse(String),
 }
 
 /// Remove the key at `path` from `table`; false when it is not there.
@@ -508,7 +524,7 @@ mod tests {
 [providers.c]\ntype = \"command\"\ncommand = [\"x\"]\ntimeout = 5\n\
 [providers.ok]\ntype = \"command\"\ncommand = [\"x\"]\n";
         let all = Config::parse_all(text);
-        assert_eq!(all[0], Config::parse(text).unwrap_err(), "the first is parse's own message");
+        assert_eq!(all[0], Config::parse(text).unwrap_err().to_string(), "the first is parse's own message");
         for want in [
             "max_runing",
             "strategi",
@@ -527,18 +543,18 @@ mod tests {
     }
     #[test]
     fn unknown_keys_are_named() {
-        let e = Config::parse("max_runing = 3").unwrap_err();
+        let e = Config::parse("max_runing = 3").unwrap_err().to_string();
         assert!(e.contains("max_runing"), "{e}");
-        let e = Config::parse("[watch]\nstrategi = \"poll\"").unwrap_err();
+        let e = Config::parse("[watch]\nstrategi = \"poll\"").unwrap_err().to_string();
         assert!(e.contains("strategi"), "{e}");
     }
     #[test]
     fn errors_name_the_key_and_line() {
-        let e = Config::parse("max_running = 2\nno_such_key = 1\n").unwrap_err();
+        let e = Config::parse("max_running = 2\nno_such_key = 1\n").unwrap_err().to_string();
         assert!(e.contains("no_such_key") && e.contains("line 2"), "{e}");
-        let e = Config::parse("[log]\nlevel = 3\n").unwrap_err();
+        let e = Config::parse("[log]\nlevel = 3\n").unwrap_err().to_string();
         assert!(e.contains("log.level"), "{e}");
-        let e = Config::parse("max_running = \"two\"").unwrap_err();
+        let e = Config::parse("max_running = \"two\"").unwrap_err().to_string();
         assert!(e.contains("max_running"), "{e}");
     }
     #[test]
@@ -582,7 +598,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.providers.len(), 2);
-        assert!(Config::parse("[providers.x]\ntype = \"magic\"").unwrap_err().contains("providers.x.type"));
+        assert!(Config::parse("[providers.x]\ntype = \"magic\"").unwrap_err().to_string().contains("providers.x.type"));
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub fn check(explicit: Option<&Path>, json_out: bool) -> i32 {
             0
         }
         Err(e) => {
+            let e = e.to_string();
             // `load` stops at the first error; list them all, each under the file's name as `load` does.
             let text = path.as_ref().filter(|_| exists).and_then(|p| std::fs::read_to_string(p).ok());
             let all: Vec<String> = text
@@ -79,7 +80,7 @@ fn warnings(c: &Config) -> Vec<String> {
     let mut out = Vec::new();
     for (key, cmd) in [("hooks.on_complete", &c.hooks.on_complete), ("hooks.on_failure", &c.hooks.on_failure)] {
         if let Some(prog) = cmd.first() {
-            if let Err(e) = crate::providers::find_executable(prog) {
+            if let Err(e) = crate::platform::exec::find_executable(prog) {
                 out.push(format!(
                     "{key}: {e}; the hook will fail until it is installed (the service's PATH may differ from yours)"
                 ));

@@ -274,7 +274,7 @@ fn provider_checks(c: &Config) -> Vec<Check> {
         .iter()
         .map(|(name, p)| {
             let exe = if p.kind == "slurm" { "sinfo".to_string() } else { p.command[0].clone() };
-            let found = crate::providers::find_executable(&exe).is_ok();
+            let found = crate::platform::exec::find_executable(&exe).is_ok();
             check(
                 "provider",
                 Level::unless(found, Level::Fail),
@@ -298,7 +298,7 @@ fn hook_checks(c: &Config) -> Vec<Check> {
         .into_iter()
         .filter_map(|(key, cmd)| {
             let prog = cmd.first()?;
-            let found = crate::providers::find_executable(prog).is_ok();
+            let found = crate::platform::exec::find_executable(prog).is_ok();
             Some(check(
                 "hook",
                 Level::unless(found, Level::Warn),

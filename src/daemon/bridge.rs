@@ -251,7 +251,7 @@ impl Bridge {
                     Ok(b) if b.len() as u64 > MAX_REQUEST_BYTES => {
                         Err(format!("the request is larger than {MAX_REQUEST_BYTES} bytes; shorten the prompt"))
                     }
-                    Ok(b) => parse_request(&b, &id, run_id),
+                    Ok(b) => parse_request(&b, &id, run_id).map_err(|e| e.to_string()),
                     Err(_) => continue, // gone meanwhile (another servicer)
                 }
             };

@@ -191,7 +191,7 @@ impl Daemon {
         forward_signals(tx.clone()).map_err(|e| {
             StartError::Config(format!("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {e}"))
         })?;
-        let cfg = Config::load(opts.config.as_deref()).map_err(StartError::Config)?;
+        let cfg = Config::load(opts.config.as_deref()).map_err(|e| StartError::Config(e.to_string()))?;
         let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
         let root_override = Layout::root_override(opts.root.as_deref());
         for p in [layout.root.clone(), layout.spool(), layout.runs()] {

@@ -1,6 +1,7 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
 //! process-group membership; `procs`: keeping a run's processes contained.
 
+pub mod exec;
 pub mod procs;
 
 use std::ffi::CString;

@@ -246,31 +246,43 @@ pub fn digest(prompt: &str) -> String {
     sha256_hex(prompt.as_bytes())
 }
 
+/// Why a bridge file (request, handle, failure) is refused: a message that
+/// names the field and the fix, shown as it is to whoever wrote the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn invalid(message: String) -> ValidationError {
+    ValidationError::Invalid(message)
+}
+
 /// §8.2 string rule: non-empty, no NUL, no leading or trailing white space, at most `max` characters.
-pub fn check_str(field: &str, v: &str, max: usize) -> Result<(), String> {
+pub fn check_str(field: &str, v: &str, max: usize) -> Result<(), ValidationError> {
     if v.is_empty() {
-        return Err(format!("`{field}` is empty; give a non-empty string or leave the field out"));
+        return Err(invalid(format!("`{field}` is empty; give a non-empty string or leave the field out")));
     }
     if v.contains('\0') {
-        return Err(format!("`{field}` contains a NUL character; remove it"));
+        return Err(invalid(format!("`{field}` contains a NUL character; remove it")));
     }
     if v.trim() != v {
-        return Err(format!("`{field}` has leading or trailing white space; trim it"));
+        return Err(invalid(format!("`{field}` has leading or trailing white space; trim it")));
     }
     let n = v.chars().count();
     if n > max {
-        return Err(format!("`{field}` is {n} characters; the limit is {max}"));
+        return Err(invalid(format!("`{field}` is {n} characters; the limit is {max}")));
     }
     Ok(())
 }
 
-fn check_opt(field: &str, v: &Option<String>, max: usize) -> Result<(), String> {
+fn check_opt(field: &str, v: &Option<String>, max: usize) -> Result<(), ValidationError> {
     v.as_deref().map_or(Ok(()), |s| check_str(field, s, max))
 }
 
 /// Validate a handle for `op`: the limits of §8.2; `output` and
 /// `artifactPath` only in answers to `result`.
-pub fn validate_handle(h: &Handle, op: Operation) -> Result<(), String> {
+pub fn validate_handle(h: &Handle, op: Operation) -> Result<(), ValidationError> {
     check_str("providerJobId", &h.provider_job_id, MAX_ID)?;
     check_opt("handleUrl", &h.handle_url, MAX_URL)?;
     check_opt("conversationUrl", &h.conversation_url, MAX_URL)?;
@@ -280,45 +292,50 @@ pub fn validate_handle(h: &Handle, op: Operation) -> Result<(), String> {
     check_opt("artifactPath", &h.artifact_path, MAX_URL)?;
     if let Some(o) = &h.output {
         if o.len() > MAX_OUTPUT {
-            return Err(format!(
+            return Err(invalid(format!(
                 "`output` is {} bytes; the limit is {MAX_OUTPUT} (1 MiB): return an artifactPath instead",
                 o.len()
-            ));
+            )));
         }
         if o.contains('\0') {
-            return Err("`output` contains a NUL character; remove it".into());
+            return Err(invalid("`output` contains a NUL character; remove it".into()));
         }
     }
     if op != Operation::Result && (h.output.is_some() || h.artifact_path.is_some()) {
-        return Err(format!("`output`/`artifactPath` belong only in the answer to `result`, not `{}`", op.as_str()));
+        return Err(invalid(format!(
+            "`output`/`artifactPath` belong only in the answer to `result`, not `{}`",
+            op.as_str()
+        )));
     }
     if let Some(p) = &h.artifact_path {
         if !p.starts_with('/') {
-            return Err(format!("`artifactPath` is `{p}`; it must be an absolute path"));
+            return Err(invalid(format!("`artifactPath` is `{p}`; it must be an absolute path")));
         }
     }
     Ok(())
 }
 
 /// Parse and validate a handle printed by a provider (unknown fields refused).
-pub fn parse_handle(bytes: &[u8], op: Operation) -> Result<Handle, String> {
+pub fn parse_handle(bytes: &[u8], op: Operation) -> Result<Handle, ValidationError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let h: Handle = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = strip_position(&e.into_inner().to_string());
-        if path == "." || path.is_empty() {
-            inner
-        } else {
-            format!("`{path}`: {inner}")
-        }
-    })?;
+    let h: Handle = serde_path_to_error::deserialize(de)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let inner = strip_position(&e.into_inner().to_string());
+            if path == "." || path.is_empty() {
+                inner
+            } else {
+                format!("`{path}`: {inner}")
+            }
+        })
+        .map_err(invalid)?;
     validate_handle(&h, op)?;
     Ok(h)
 }
 
 /// Parse and validate a provider's failure object.
-pub fn parse_failure(bytes: &[u8]) -> Result<Failure, String> {
-    let f: Failure = serde_json::from_slice(bytes).map_err(|e| strip_position(&e.to_string()))?;
+pub fn parse_failure(bytes: &[u8]) -> Result<Failure, ValidationError> {
+    let f: Failure = serde_json::from_slice(bytes).map_err(|e| invalid(strip_position(&e.to_string())))?;
     check_str("code", &f.code, MAX_CODE)?;
     check_str("message", &f.message, MAX_MESSAGE)?;
     check_opt("blockingJobId", &f.blocking_job_id, MAX_ID)?;
@@ -333,34 +350,36 @@ fn strip_position(s: &str) -> String {
 }
 
 /// Parse and validate a request file named `<stem>.json` in the run `run_id`.
-pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, String> {
+pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, ValidationError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let r: Request = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = strip_position(&e.into_inner().to_string());
-        if path == "." || path.is_empty() {
-            format!("{inner}; see PROTOCOL §8.1 for the request fields")
-        } else {
-            format!("field `{path}`: {inner}")
-        }
-    })?;
+    let r: Request = serde_path_to_error::deserialize(de)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let inner = strip_position(&e.into_inner().to_string());
+            if path == "." || path.is_empty() {
+                format!("{inner}; see PROTOCOL §8.1 for the request fields")
+            } else {
+                format!("field `{path}`: {inner}")
+            }
+        })
+        .map_err(invalid)?;
     if r.id != stem {
-        return Err(format!(
+        return Err(invalid(format!(
             "field `id` is `{}` but the file is named `{stem}.json`; they must match",
             r.id.escape_debug()
-        ));
+        )));
     }
     check_str("provider", &r.provider, MAX_ID)?;
     match r.operation {
         Operation::Start => {
             let Some(s) = &r.start else {
-                return Err("operation `start` needs a `start` object (PROTOCOL §8.1)".into());
+                return Err(invalid("operation `start` needs a `start` object (PROTOCOL §8.1)".into()));
             };
             check_start("start", s, run_id)?;
         }
         Operation::FollowUp => {
             let Some(f) = &r.follow_up else {
-                return Err("operation `follow-up` needs a `followUp` object (PROTOCOL §8.1)".into());
+                return Err(invalid("operation `follow-up` needs a `followUp` object (PROTOCOL §8.1)".into()));
             };
             check_start("followUp", &f.start, run_id)?;
             check_str("followUp.parentProviderJobId", &f.parent_provider_job_id, MAX_ID)?;
@@ -370,32 +389,32 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
         }
         op => match &r.provider_job_id {
             Some(id) => check_str("providerJobId", id, MAX_ID)?,
-            None => return Err(format!("operation `{}` needs `providerJobId`", op.as_str())),
+            None => return Err(invalid(format!("operation `{}` needs `providerJobId`", op.as_str()))),
         },
     }
     Ok(r)
 }
 
 /// The checks shared by a start and a follow-up (`field` names the object).
-fn check_start(field: &str, s: &StartInput, run_id: &str) -> Result<(), String> {
+fn check_start(field: &str, s: &StartInput, run_id: &str) -> Result<(), ValidationError> {
     if s.prompt.contains('\0') {
-        return Err(format!("field `{field}.prompt` contains a NUL character; remove it"));
+        return Err(invalid(format!("field `{field}.prompt` contains a NUL character; remove it")));
     }
     if s.prompt_digest != digest(&s.prompt) {
-        return Err(format!(
+        return Err(invalid(format!(
             "field `{field}.promptDigest` is `{}` but the SHA-256 of `{field}.prompt` is `{}`; write the digest of the prompt as sent",
             s.prompt_digest.escape_debug(),
             digest(&s.prompt)
-        ));
+        )));
     }
     if !s.cwd.starts_with('/') {
-        return Err(format!("field `{field}.cwd` is `{}`; it must be an absolute path", s.cwd.escape_debug()));
+        return Err(invalid(format!("field `{field}.cwd` is `{}`; it must be an absolute path", s.cwd.escape_debug())));
     }
     if s.run_id != run_id {
-        return Err(format!(
+        return Err(invalid(format!(
             "field `{field}.runId` is `{}` but the request lives in run `{run_id}`; a run may only start its own jobs",
             s.run_id.escape_debug()
-        ));
+        )));
     }
     check_str(&format!("{field}.agent"), &s.agent, 256)
 }
@@ -421,10 +440,14 @@ mod tests {
         assert_eq!(r.follow_up.as_ref().unwrap().parent_provider_job_id, "42");
         assert!(parse_request(fu("other", "42").as_bytes(), "f1", "run")
             .unwrap_err()
+            .to_string()
             .contains("followUp.promptDigest"));
-        assert!(parse_request(fu("more", "").as_bytes(), "f1", "run").unwrap_err().contains("parentProviderJobId"));
+        assert!(parse_request(fu("more", "").as_bytes(), "f1", "run")
+            .unwrap_err()
+            .to_string()
+            .contains("parentProviderJobId"));
         let bare = r#"{"id":"f1","operation":"follow-up","provider":"p","createdAt":1}"#;
-        assert!(parse_request(bare.as_bytes(), "f1", "run").unwrap_err().contains("followUp"));
+        assert!(parse_request(bare.as_bytes(), "f1", "run").unwrap_err().to_string().contains("followUp"));
         // The followUp object round-trips flat, as 0.67 writes it.
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["followUp"]["prompt"], "more");
@@ -443,16 +466,16 @@ mod tests {
     #[test]
     fn requests_validate() {
         assert!(parse_request(start_req("echo", "echo").as_bytes(), "r1", "run").is_ok());
-        let e = parse_request(start_req("echo", "other").as_bytes(), "r1", "run").unwrap_err();
+        let e = parse_request(start_req("echo", "other").as_bytes(), "r1", "run").unwrap_err().to_string();
         assert!(e.contains("promptDigest"), "{e}");
-        let e = parse_request(start_req("echo", "echo").as_bytes(), "r2", "run").unwrap_err();
+        let e = parse_request(start_req("echo", "echo").as_bytes(), "r2", "run").unwrap_err().to_string();
         assert!(e.contains("r2.json"), "{e}");
-        let e = parse_request(start_req("echo", "echo").as_bytes(), "r1", "other").unwrap_err();
+        let e = parse_request(start_req("echo", "echo").as_bytes(), "r1", "other").unwrap_err().to_string();
         assert!(e.contains("start.runId"), "{e}");
         let s = r#"{"id":"x","operation":"status","provider":"p","createdAt":1}"#;
-        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().contains("providerJobId"));
+        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().to_string().contains("providerJobId"));
         let s = r#"{"id":"x","operation":"explode","provider":"p","createdAt":1}"#;
-        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().contains("operation"));
+        assert!(parse_request(s.as_bytes(), "x", "run").unwrap_err().to_string().contains("operation"));
         let s = r#"{"id":"x","operation":"status","provider":"p","providerJobId":"7","createdAt":1,"extra":true}"#;
         assert!(parse_request(s.as_bytes(), "x", "run").is_ok());
     }
@@ -460,18 +483,21 @@ mod tests {
     #[test]
     fn handles_validate() {
         assert!(parse_handle(br#"{"providerJobId":"1","state":"queued"}"#, Operation::Start).is_ok());
-        let e = parse_handle(br#"{"providerJobId":"1","state":"queued","bogus":1}"#, Operation::Start).unwrap_err();
+        let e = parse_handle(br#"{"providerJobId":"1","state":"queued","bogus":1}"#, Operation::Start)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bogus"), "{e}");
-        let e = parse_handle(br#"{"providerJobId":" 1","state":"queued"}"#, Operation::Start).unwrap_err();
+        let e = parse_handle(br#"{"providerJobId":" 1","state":"queued"}"#, Operation::Start).unwrap_err().to_string();
         assert!(e.contains("providerJobId") && e.contains("white space"), "{e}");
-        let e = parse_handle(br#"{"providerJobId":"1","state":"done"}"#, Operation::Status).unwrap_err();
+        let e = parse_handle(br#"{"providerJobId":"1","state":"done"}"#, Operation::Status).unwrap_err().to_string();
         assert!(e.contains("state"), "{e}");
-        let e =
-            parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x"}"#, Operation::Status).unwrap_err();
+        let e = parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x"}"#, Operation::Status)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("result"), "{e}");
         assert!(parse_handle(br#"{"providerJobId":"1","state":"completed","output":"x\n"}"#, Operation::Result).is_ok());
         let long = format!(r#"{{"providerJobId":"{}","state":"queued"}}"#, "x".repeat(257));
-        assert!(parse_handle(long.as_bytes(), Operation::Start).unwrap_err().contains("257"));
+        assert!(parse_handle(long.as_bytes(), Operation::Start).unwrap_err().to_string().contains("257"));
         assert!(parse_handle(b"not json", Operation::Start).is_err());
     }
 

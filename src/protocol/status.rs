@@ -180,6 +180,34 @@ pub struct Status {
     pub extra: Map<String, Value>,
 }
 
+/// How the steps a run leaves unfinished (pending or running) end with it
+/// (`Status::end`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenSteps {
+    /// Their new `status`: the run's (`stopped`, `paused`, `failed`, ...).
+    pub status: StepState,
+    /// Their `error`, e.g. "skipped: the run was stopped".
+    pub error: String,
+    pub how: Unfinished,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfinished {
+    /// They never ran to an end: exit code -1, duration 0, no `endedAt`
+    /// (a run halted or failed by its runner, a queued run ended before
+    /// it started).
+    Skipped,
+    /// Their runner died under them: exit code 1, `endedAt` now, the
+    /// duration kept, else counted from `startedAt` (0 if never started).
+    Cut,
+}
+
+impl OpenSteps {
+    pub fn skipped(status: StepState, error: &str) -> Self {
+        OpenSteps { status, error: error.to_string(), how: Unfinished::Skipped }
+    }
+}
+
 /// `.terminal-runs/<seg(session)>/<E>-<seg(runId)>.json` content.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -291,6 +319,47 @@ impl Status {
         }
     }
 
+    /// End an active run (PROTOCOL §4): `state` (terminal), `error` when
+    /// given (None leaves it: a complete run has none), `stopped` for a
+    /// stopped run, `endedAt`, the exit code, a `lastUpdate` not before
+    /// `now`, and every step still pending or running finished as `open`
+    /// says. Steps that ended keep what they recorded, unknown step statuses
+    /// included. False, changing nothing, when the run had already ended.
+    pub fn end(&mut self, state: State, error: Option<String>, open: &OpenSteps, now: i64) -> bool {
+        debug_assert!(!state.is_active(), "Status::end needs a terminal state, not {state}");
+        if !self.state.is_active() {
+            return false;
+        }
+        for st in self.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
+            st.status = open.status.clone();
+            st.error = Some(open.error.clone());
+            match open.how {
+                Unfinished::Skipped => {
+                    st.exit_code = Some(-1);
+                    st.duration_ms = Some(0);
+                }
+                Unfinished::Cut => {
+                    st.exit_code = Some(1);
+                    st.ended_at = Some(now);
+                    if st.duration_ms.is_none() {
+                        st.duration_ms = Some(st.started_at.map(|t| now - t).unwrap_or(0));
+                    }
+                }
+            }
+        }
+        if state == State::Stopped {
+            self.stopped = true;
+        }
+        self.state = state;
+        self.ended_at = Some(now);
+        self.last_update = self.last_update.max(now);
+        if error.is_some() {
+            self.error = error;
+        }
+        self.exit_code = Some(self.terminal_exit_code());
+        true
+    }
+
     /// The exit code of a terminal run: 0 when complete, else the first failed
     /// step's (skipped steps excluded), else 1.
     pub fn terminal_exit_code(&self) -> i32 {
@@ -341,5 +410,88 @@ mod tests {
         .unwrap();
         assert!(!odd.state.is_active(), "an unknown state is not active");
         assert_eq!((odd.mode.as_str(), odd.state.as_str()), ("swarm", "thinking"));
+    }
+
+    fn running_run() -> Status {
+        let mut s: Status = serde_json::from_value(serde_json::json!({
+            "runId": "r", "mode": "chain", "state": "running", "startedAt": 100, "lastUpdate": 150,
+            "steps": [
+                {"agent": "done", "status": "complete", "exitCode": 0, "startedAt": 100, "endedAt": 120, "durationMs": 20},
+                {"agent": "bad", "status": "failed", "exitCode": 3, "error": "exited with code 3"},
+                {"agent": "run", "status": "running", "startedAt": 130},
+                {"agent": "wait", "status": "pending"},
+                {"agent": "odd", "status": "some-future-status"}
+            ]
+        }))
+        .unwrap();
+        s.extra.insert("launchedBy".into(), Value::String("runspool".into()));
+        s
+    }
+
+    #[test]
+    fn end_skips_the_unfinished_steps_and_keeps_the_rest() {
+        for (state, step) in [
+            (State::Stopped, StepState::Stopped),
+            (State::Paused, StepState::Paused),
+            (State::Failed, StepState::Failed),
+            (State::Complete, StepState::Complete),
+        ] {
+            let mut s = running_run();
+            let before = s.steps.clone();
+            assert!(s.end(state.clone(), Some("why".into()), &OpenSteps::skipped(step.clone(), "skipped: x"), 200));
+            assert_eq!((s.state.clone(), s.ended_at, s.last_update), (state.clone(), Some(200), 200));
+            assert_eq!(s.stopped, state == State::Stopped);
+            assert_eq!(s.error.as_deref(), Some("why"));
+            for i in [2, 3] {
+                let st = &s.steps[i];
+                assert_eq!((st.status.clone(), st.exit_code, st.duration_ms), (step.clone(), Some(-1), Some(0)));
+                assert_eq!((st.error.as_deref(), st.ended_at), (Some("skipped: x"), None));
+            }
+            for i in [0, 1, 4] {
+                assert_eq!(s.steps[i], before[i], "step {i} kept");
+            }
+            let want = if state == State::Complete { 0 } else { 3 };
+            assert_eq!(s.exit_code, Some(want), "{state}");
+            assert!(s.launched_by_runspool());
+        }
+    }
+
+    #[test]
+    fn end_of_a_run_whose_runner_died_cuts_its_steps() {
+        let mut s = running_run();
+        s.steps[1].status = StepState::Complete;
+        let open = OpenSteps { status: StepState::Failed, error: "runner died".into(), how: Unfinished::Cut };
+        assert!(s.end(State::Failed, Some("runner died".into()), &open, 200));
+        let (run, wait) = (&s.steps[2], &s.steps[3]);
+        assert_eq!((run.exit_code, run.ended_at, run.duration_ms), (Some(1), Some(200), Some(70)));
+        assert_eq!((wait.exit_code, wait.ended_at, wait.duration_ms), (Some(1), Some(200), Some(0)));
+        assert_eq!(run.error.as_deref(), Some("runner died"));
+        assert_eq!(s.exit_code, Some(1), "the cut steps' code counts");
+        assert!(!s.stopped);
+    }
+
+    #[test]
+    fn end_keeps_the_error_when_given_none_and_never_moves_last_update_back() {
+        let mut s = running_run();
+        s.error = Some("kept".into());
+        s.last_update = 500;
+        s.end(State::Complete, None, &OpenSteps::skipped(StepState::Complete, ""), 200);
+        assert_eq!((s.error.as_deref(), s.last_update), (Some("kept"), 500));
+    }
+
+    #[test]
+    fn end_is_idempotent_and_leaves_ended_runs_alone() {
+        let mut s = running_run();
+        assert!(s.end(State::Stopped, Some("a".into()), &OpenSteps::skipped(StepState::Stopped, "x"), 200));
+        let once = s.clone();
+        assert!(!s.end(State::Failed, Some("b".into()), &OpenSteps::skipped(StepState::Failed, "y"), 300));
+        assert_eq!(s, once);
+        let mut queued = running_run();
+        queued.state = State::Queued;
+        assert!(queued.end(State::Failed, Some("c".into()), &OpenSteps::skipped(StepState::Failed, "z"), 9));
+        let mut odd = running_run();
+        odd.state = State::from("thinking");
+        assert!(!odd.end(State::Failed, None, &OpenSteps::skipped(StepState::Failed, "z"), 9));
+        assert_eq!(odd.state.as_str(), "thinking");
     }
 }

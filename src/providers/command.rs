@@ -5,7 +5,8 @@
 
 use serde_json::json;
 
-use super::{failure, find_executable, run_bounded, tail_text, Call, Provider, ProviderError};
+use super::{failure, run_bounded, tail_text, Call, CheckError, Provider, ProviderError};
+use crate::platform::exec::find_executable;
 use crate::protocol::bridge::{parse_failure, parse_handle, Handle, Operation, MAX_OUTPUT};
 
 pub struct CommandProvider {
@@ -107,10 +108,10 @@ impl Provider for CommandProvider {
         envs(&self.name, c).iter().map(|(k, v)| format!("{k}={v}")).collect()
     }
 
-    fn check(&self) -> Result<String, String> {
-        find_executable(&self.argv[0])
-            .map(|p| format!("{} is executable", p.display()))
-            .map_err(|e| format!("providers.{}.command[0]: {e}; install it or fix the path", self.name))
+    fn check(&self) -> Result<String, CheckError> {
+        find_executable(&self.argv[0]).map(|p| format!("{} is executable", p.display())).map_err(|e| {
+            CheckError::Failed(format!("providers.{}.command[0]: {e}; install it or fix the path", self.name))
+        })
     }
 }
 

@@ -7,14 +7,14 @@ pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config;
+use crate::platform::exec;
 use crate::protocol::bridge::{Failure, FollowUpInput, Handle, Operation, StartInput};
 
 /// One provider operation, as the daemon's bridge hands it over.
@@ -59,7 +59,7 @@ pub trait Provider: Send + Sync {
         Ok(None)
     }
     /// A one-line health check for `runspool providers`.
-    fn check(&self) -> Result<String, String>;
+    fn check(&self) -> Result<String, CheckError>;
     /// `NAME=value` pairs in the environment of every process this provider
     /// starts for `call` (and of their descendants, unless they drop them):
     /// recovery kills what a dead servicer's call left with them before it
@@ -68,6 +68,14 @@ pub trait Provider: Send + Sync {
     fn marks(&self, _call: &Call) -> Vec<String> {
         Vec::new()
     }
+}
+
+/// Why a provider failed its health check: a message that names the
+/// provider's config key and what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    #[error("{0}")]
+    Failed(String),
 }
 
 pub type Providers = BTreeMap<String, (Arc<dyn Provider>, Duration)>;
@@ -112,18 +120,10 @@ pub fn run_bounded(
     deadline: Instant,
     max_stdout: usize,
 ) -> std::io::Result<Output> {
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    for k in crate::platform::SCRUBBED_ENV {
-        cmd.env_remove(k);
-    }
+    let mut cmd = exec::command(&argv[0], exec::Detach { own_group: true, die_with_thread: true });
+    cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
-    }
-    let parent = std::process::id();
-    // SAFETY: `die_with_parent` makes only async-signal-safe system calls.
-    unsafe {
-        cmd.pre_exec(move || crate::platform::procs::die_with_parent(parent));
     }
     let mut child = cmd.spawn()?;
     let pgid = child.id();
@@ -216,34 +216,6 @@ pub fn tail_text(s: &str, max: usize) -> String {
     }
 }
 
-/// Find an executable: a path containing `/` is taken as is, else searched on PATH.
-pub fn find_executable(name: &str) -> Result<std::path::PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let check = |p: &Path| -> Result<(), String> {
-        let md = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        if !md.is_file() {
-            return Err(format!("{} is not a regular file", p.display()));
-        }
-        if md.permissions().mode() & 0o111 == 0 {
-            return Err(format!("{} is not executable (chmod +x {})", p.display(), p.display()));
-        }
-        Ok(())
-    };
-    if name.contains('/') {
-        let p = Path::new(name).to_path_buf();
-        check(&p)?;
-        return Ok(p);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for d in std::env::split_paths(&path) {
-        let p = d.join(name);
-        if check(&p).is_ok() {
-            return Ok(p);
-        }
-    }
-    Err(format!("`{name}` is not on PATH ({})", path.to_string_lossy()))
-}
-
 /// `runspool providers`: list the configured providers and check each.
 /// The config a running daemon on `layout` reports it loaded (daemon.json
 /// `config`), with its pid; None when no daemon holds the lock or it does
@@ -297,8 +269,11 @@ apply the file with `systemctl --user reload runspool` or `kill -HUP {pid}`",
             );
         }
     }
-    let checks: Vec<(String, &config::Provider, Result<String, String>)> =
-        cfg.providers.iter().map(|(name, p)| (name.clone(), p, build(name, p).check())).collect();
+    let checks: Vec<(String, &config::Provider, Result<String, String>)> = cfg
+        .providers
+        .iter()
+        .map(|(name, p)| (name.clone(), p, build(name, p).check().map_err(|e| e.to_string())))
+        .collect();
     let failed = checks.iter().filter(|c| c.2.is_err()).count();
     if json {
         let v: Vec<serde_json::Value> = checks

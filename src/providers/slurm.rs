@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::{failure, run_bounded, tail_text, Call, Provider, ProviderError};
+use super::{failure, run_bounded, tail_text, Call, CheckError, Provider, ProviderError};
 use crate::protocol::bridge::{digest, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT};
 
 pub struct Slurm {
@@ -482,17 +482,17 @@ impl Provider for Slurm {
         }
     }
 
-    fn check(&self) -> Result<String, String> {
+    fn check(&self) -> Result<String, CheckError> {
         let deadline = Instant::now() + std::time::Duration::from_secs(15);
         match self.run("sinfo", &["-h".into(), "-o".into(), "%P %a %D %T".into()], deadline) {
             Ok((true, out, _)) if !out.trim().is_empty() => Ok(format!("sinfo: {}", out.lines().collect::<Vec<_>>().join("; "))),
-            Ok((true, _, _)) => Err(format!("providers.{}: sinfo reports no partitions; configure one in slurm.conf", self.name)),
-            Ok((false, _, err)) => Err(format!("providers.{}: sinfo failed: {}; is slurmctld running and SLURM_CONF right?", self.name, tail_text(&err, 400))),
-            Err(f) if f.code == "provider-timeout" => Err(format!(
+            Ok((true, _, _)) => Err(CheckError::Failed(format!("providers.{}: sinfo reports no partitions; configure one in slurm.conf", self.name))),
+            Ok((false, _, err)) => Err(CheckError::Failed(format!("providers.{}: sinfo failed: {}; is slurmctld running and SLURM_CONF right?", self.name, tail_text(&err, 400)))),
+            Err(f) if f.code == "provider-timeout" => Err(CheckError::Failed(format!(
                 "providers.{}: sinfo did not answer within 15 s; is slurmctld running and SLURM_CONF (or /etc/slurm/slurm.conf) right?",
                 self.name
-            )),
-            Err(f) => Err(f.message),
+            ))),
+            Err(f) => Err(CheckError::Failed(f.message)),
         }
     }
 }

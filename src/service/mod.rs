@@ -112,16 +112,26 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The first executable `name` on PATH.
 fn on_path(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    crate::platform::exec::find_executable(name).ok()
+}
+
+/// Why a probe of the service manager did not succeed; `shown` is the
+/// command line, quoted.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("cannot run {shown}: {source}")]
+    Spawn { shown: String, source: std::io::Error },
+    #[error("{shown} did not answer within {secs} s")]
+    Timeout { shown: String, secs: u64 },
+    #[error("{shown} exited with {code}")]
+    Exited { shown: String, code: i32 },
+    #[error("{shown} failed: {stderr}")]
+    Failed { shown: String, stderr: String },
 }
 
 /// Run `cmd` with its output captured, killing it after `limit`; `Err` says
 /// why it did not succeed (its stderr, its exit code, or the timeout).
-fn probe(cmd: &mut Command, limit: Duration) -> Result<(), String> {
+fn probe(cmd: &mut Command, limit: Duration) -> Result<(), ProbeError> {
     let shown = std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|a| a.to_string_lossy())
@@ -133,7 +143,7 @@ fn probe(cmd: &mut Command, limit: Duration) -> Result<(), String> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+        .map_err(|source| ProbeError::Spawn { shown: shown.clone(), source })?;
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -142,7 +152,7 @@ fn probe(cmd: &mut Command, limit: Duration) -> Result<(), String> {
             Ok(None) | Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{shown} did not answer within {} s", limit.as_secs()));
+                return Err(ProbeError::Timeout { shown, secs: limit.as_secs() });
             }
         }
     };
@@ -156,9 +166,9 @@ fn probe(cmd: &mut Command, limit: Duration) -> Result<(), String> {
     }
     let err = err.trim();
     Err(if err.is_empty() {
-        format!("{shown} exited with {}", status.code().unwrap_or(1))
+        ProbeError::Exited { shown, code: status.code().unwrap_or(1) }
     } else {
-        format!("{shown} failed: {err}")
+        ProbeError::Failed { shown, stderr: err.to_string() }
     })
 }
 

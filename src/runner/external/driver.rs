@@ -1,30 +1,19 @@
-//! External-job steps (PROTOCOL §8.3): the runner side of the bridge.
-//!
-//! Each external step is driven by a thread that writes requests into
-//! `external-job-requests/`, waits for the daemon's answers in
-//! `external-job-responses/`, and reports progress to the runner's loop
-//! (`Msg::External`), which owns status.json. Stop and timeout send `cancel`;
-//! an interrupt detaches (the job keeps running and can be reattached).
-//! A start is never sent twice: a step whose status already records a start
-//! without a job id fails with `start-redispatch-blocked`.
+//! The driver thread of one external-job step: requests into
+//! `external-job-requests/`, answers from `external-job-responses/`, progress
+//! and the end to the runner's loop.
 
-use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
 use serde_json::{json, Map, Value};
 
-use super::{Halt, Msg, Runner, Running};
-use crate::protocol::bridge::{digest, validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
-use crate::protocol::request::{ExternalJob, Step};
-use crate::protocol::status::StepState;
+use super::{Ctl, Event, Kind, Outcome, Plan, REQUESTS, RESPONSES};
+use crate::protocol::bridge::{validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::runner::{Msg, Post};
 use crate::store::fsutil;
-use crate::store::layout::RunPaths;
 
-const REQUESTS: &str = "external-job-requests";
-const RESPONSES: &str = "external-job-responses";
 /// How often a job's status is asked for (§8.3).
 const POLL: Duration = Duration::from_secs(1);
 /// How long to wait for answers once a stop is under way (the daemon may be down).
@@ -33,283 +22,7 @@ const STOP_GRACE: Duration = Duration::from_secs(120);
 /// (about a minute: long enough to ride out a controller restart).
 const MAX_STATUS_ERRORS: u32 = 30;
 
-/// What the driver thread reports to the runner loop.
-pub(super) enum Event {
-    /// `steps[i].externalJob` changed; `line` goes to the step's output log.
-    Update {
-        job: Value,
-        line: Option<String>,
-    },
-    Done(Outcome),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Completed,
-    Failed,
-    Cancelled,
-    Detached,
-}
-
-pub(super) struct Outcome {
-    kind: Kind,
-    error: Option<String>,
-    job: Value,
-    output_file: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ctl {
-    Cancel,
-    Detach,
-}
-
-/// The runner's handle on a driver thread: signals become cancel or detach.
-pub(super) struct Control {
-    tx: Sender<Ctl>,
-    sent: bool,
-}
-
-impl Running {
-    /// Signal the step: a process group, or for an external job cancel
-    /// (SIGTERM, SIGKILL) or detach (SIGINT).
-    pub(super) fn signal(&mut self, sig: Signal) {
-        match self.external.as_mut() {
-            None => super::signal_group(self.pid, sig),
-            Some(c) => {
-                if c.sent {
-                    return;
-                }
-                c.sent = true;
-                let _ = c.tx.send(if sig == Signal::SIGINT { Ctl::Detach } else { Ctl::Cancel });
-            }
-        }
-    }
-}
-
-enum Plan {
-    Start(String),
-    Reattach(String),
-}
-
-impl Runner {
-    /// Start (or reattach) external step `i`. None when it failed at once.
-    pub(super) fn spawn_external(
-        &mut self,
-        i: usize,
-        step: &Step,
-        job: &ExternalJob,
-        started: Instant,
-    ) -> Option<Running> {
-        let now = crate::now_ms();
-        let dg = digest(&job.prompt);
-        let previous = self.status.steps[i].external_job.clone();
-        let mut ej = Map::new();
-        ej.insert("provider".into(), json!(job.provider));
-        ej.insert("promptDigest".into(), json!(dg));
-        ej.insert("options".into(), Value::Object(job.options.clone()));
-        ej.insert("state".into(), json!("starting"));
-        ej.insert("startedAt".into(), json!(now));
-        ej.insert("updatedAt".into(), json!(now));
-        let plan = match previous.as_ref().and_then(Value::as_object) {
-            Some(p) => {
-                let same = p.get("provider").and_then(Value::as_str) == Some(job.provider.as_str())
-                    && p.get("promptDigest").and_then(Value::as_str) == Some(dg.as_str());
-                match p.get("providerJobId").and_then(Value::as_str) {
-                    Some(jid) if same => {
-                        // Keep what was recorded (startedAt, handle URL) and go on from it.
-                        for (k, v) in p {
-                            ej.insert(k.clone(), v.clone());
-                        }
-                        ej.insert("updatedAt".into(), json!(now));
-                        Ok(Plan::Reattach(jid.to_string()))
-                    }
-                    Some(jid) => Err((
-                        "recovery-mismatch",
-                        format!(
-                            "status.json records job {jid} of provider `{}` with prompt digest {}, but step {i} asks provider `{}` with digest {dg}; \
-                             runspool will not attach this step to another job: resubmit the run",
-                            p.get("provider").and_then(Value::as_str).unwrap_or("?"),
-                            p.get("promptDigest").and_then(Value::as_str).unwrap_or("?"),
-                            job.provider
-                        ),
-                    )),
-                    None if p.contains_key("startRequestId") || p.get("state").and_then(Value::as_str).is_some_and(|s| s != "pending") => Err((
-                        "start-redispatch-blocked",
-                        format!(
-                            "an earlier start of step {i} (request {}) ended without a job id; runspool never sends a start twice, \
-                             because the first may have started a job: check provider `{}` for it, then resubmit the run",
-                            p.get("startRequestId").and_then(Value::as_str).unwrap_or("unknown"),
-                            job.provider
-                        ),
-                    )),
-                    None => Ok(Plan::Start(request_id(Operation::Start, i))),
-                }
-            }
-            None => Ok(Plan::Start(request_id(Operation::Start, i))),
-        };
-        let agent = self.status.steps[i].agent.clone();
-        let out = RunPaths::output(&self.dir, i);
-        let plan = match plan {
-            Ok(p) => p,
-            Err((code, msg)) => {
-                if let Some(p) = previous.and_then(|v| v.as_object().cloned()) {
-                    ej = p;
-                }
-                ej.insert("failureCode".into(), json!(code));
-                ej.insert("failureMessage".into(), json!(msg));
-                ej.insert("updatedAt".into(), json!(now));
-                self.fail_unstarted(i, &agent, &out, 1, format!("{code}: {msg}"), Some(Value::Object(ej)));
-                return None;
-            }
-        };
-        for d in [REQUESTS, RESPONSES] {
-            if let Err(e) = fsutil::mkdir_private(&self.dir.join(d)) {
-                let msg = format!(
-                    "cannot create {}: {e}; check the run directory's permissions and free space",
-                    self.dir.join(d).display()
-                );
-                self.fail_unstarted(i, &agent, &out, 1, msg, Some(Value::Object(ej)));
-                return None;
-            }
-        }
-        if let Plan::Start(id) = &plan {
-            // Recorded before the request exists, so a later runner knows a start may have gone out.
-            ej.insert("startRequestId".into(), json!(id));
-        }
-        self.status.steps[i].external_job = Some(Value::Object(ej.clone()));
-        self.save();
-        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": Value::Object(ej.clone())}));
-        let (ctx, crx) = channel();
-        let d = Driver {
-            dir: self.dir.clone(),
-            out,
-            i,
-            tx: self.post.clone(),
-            ctl: crx,
-            pending: None,
-            job: ej,
-            provider: job.provider.clone(),
-            start: StartInput {
-                prompt: job.prompt.clone(),
-                prompt_digest: dg,
-                cwd: step.cwd.clone().unwrap_or_else(|| self.req.cwd.clone()),
-                run_id: self.status.run_id.clone(),
-                step_index: i,
-                agent,
-                options: job.options.clone(),
-                session_id: Some(self.status.session_id.clone()),
-            },
-            abandoned: Vec::new(),
-        };
-        std::thread::Builder::new()
-            .name(format!("external-{i}"))
-            .spawn(move || d.run(plan))
-            .map_err(|e| crate::note!("cannot start the driver thread of step {i}: {e}"))
-            .ok()?;
-        let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
-        Some(Running {
-            pid: 0,
-            child: None,
-            started,
-            deadline,
-            escalate: None,
-            timed_out: false,
-            external: Some(Control { tx: ctx, sent: false }),
-        })
-    }
-
-    /// A message from a driver thread.
-    pub(super) fn on_external(&mut self, i: usize, ev: Event, running: &mut BTreeMap<usize, Running>) {
-        match ev {
-            Event::Update { job, line } => {
-                if let Some(l) = line {
-                    let _ = fsutil::append_line(&RunPaths::output(&self.dir, i), format!("runspool: {l}").as_bytes());
-                }
-                self.status.steps[i].external_job = Some(job.clone());
-                self.save();
-                self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
-            }
-            Event::Done(o) => {
-                if let Some(r) = running.remove(&i) {
-                    self.record_external(i, r, o);
-                }
-            }
-        }
-    }
-
-    fn record_external(&mut self, i: usize, r: Running, o: Outcome) {
-        let ended = crate::now_ms();
-        let dur = r.started.elapsed().as_millis() as i64;
-        let halt = self.halt;
-        let agent = self.status.steps[i].agent.clone();
-        if let Some(f) = &o.output_file {
-            if self.status.output_file == self.status.steps[i].output_file {
-                self.status.output_file = Some(f.clone());
-            }
-        }
-        let st = &mut self.status.steps[i];
-        st.external_job = Some(o.job.clone());
-        if let Some(f) = &o.output_file {
-            st.output_file = Some(f.clone());
-        }
-        st.ended_at = Some(ended);
-        st.duration_ms = Some(dur);
-        let note = o.error.clone();
-        let kind = if r.timed_out {
-            st.status = StepState::Failed;
-            st.timed_out = Some(true);
-            st.exit_code = Some(1);
-            st.error =
-                Some(format!("step timed out after {dur} ms{}", note.map(|n| format!("; {n}")).unwrap_or_default()));
-            self.step_timed_out = true;
-            "failed"
-        } else if o.kind == Kind::Completed && halt.is_none() {
-            st.status = StepState::Complete;
-            st.exit_code = Some(0);
-            "completed"
-        } else {
-            match halt {
-                Some(Halt::Stop) => {
-                    st.status = StepState::Stopped;
-                    st.stopped = Some(true);
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "stopped"
-                }
-                Some(Halt::Interrupt) => {
-                    st.status = StepState::Paused;
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "paused"
-                }
-                Some(Halt::Timeout) => {
-                    st.status = StepState::Failed;
-                    st.timed_out = Some(true);
-                    st.exit_code = Some(1);
-                    st.error = note;
-                    "failed"
-                }
-                None => {
-                    st.status = StepState::Failed;
-                    st.exit_code = Some(1);
-                    st.error = Some(note.unwrap_or_else(|| "the external job did not complete".into()));
-                    "failed"
-                }
-            }
-        };
-        let code = self.status.steps[i].exit_code.unwrap_or(1);
-        self.save();
-        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": o.job}));
-        self.ev(
-            &format!("subagent.step.{kind}"),
-            json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
-        );
-    }
-}
-
-fn request_id(op: Operation, i: usize) -> String {
+pub(super) fn request_id(op: Operation, i: usize) -> String {
     format!("{}-{i}-{}", op.as_str(), uuid::Uuid::new_v4().simple())
 }
 
@@ -321,11 +34,11 @@ enum Fail {
     Interrupted,
 }
 
-struct Driver {
+pub(super) struct Driver {
     dir: PathBuf,
     out: PathBuf,
     i: usize,
-    tx: super::Post,
+    tx: Post,
     ctl: Receiver<Ctl>,
     pending: Option<Ctl>,
     job: Map<String, Value>,
@@ -336,7 +49,21 @@ struct Driver {
 }
 
 impl Driver {
-    fn run(mut self, plan: Plan) {
+    #[allow(clippy::too_many_arguments)] // each is one field of the driver; a builder would only rename them
+    pub(super) fn new(
+        dir: PathBuf,
+        out: PathBuf,
+        i: usize,
+        tx: Post,
+        ctl: Receiver<Ctl>,
+        job: Map<String, Value>,
+        provider: String,
+        start: StartInput,
+    ) -> Driver {
+        Driver { dir, out, i, tx, ctl, pending: None, job, provider, start, abandoned: Vec::new() }
+    }
+
+    pub(super) fn run(mut self, plan: Plan) {
         let o = self.drive(plan);
         for id in std::mem::take(&mut self.abandoned) {
             let _ = fsutil::remove_if_exists(&self.dir.join(REQUESTS).join(format!("{id}.json")));
@@ -424,11 +151,20 @@ impl Driver {
             h.state.as_str()
         )));
         let jid = h.provider_job_id.clone();
-        let mut state = h.state;
+        match self.follow(&jid, h.state) {
+            ControlFlow::Continue(state) => self.conclude(&jid, state),
+            ControlFlow::Break(o) => o,
+        }
+    }
+
+    /// Poll job `jid` until it ends: its terminal state, or the step's
+    /// outcome when a cancel or detach came first or the polls kept failing.
+    fn follow(&mut self, jid: &str, mut state: JobState) -> ControlFlow<Outcome, JobState> {
+        let jid = jid.to_string();
         let mut errors = 0;
         while !state.is_terminal() {
             if self.pending.is_some() {
-                return self.halted(&jid);
+                return ControlFlow::Break(self.halted(&jid));
             }
             match self.ctl.recv_timeout(POLL) {
                 Ok(c) => {
@@ -457,14 +193,20 @@ impl Driver {
                         .as_bytes(),
                     );
                     if errors >= MAX_STATUS_ERRORS {
-                        return self.bridge_failure(
+                        return ControlFlow::Break(self.bridge_failure(
                             &code,
                             &format!("{message} (after {errors} failed status requests for job {jid})"),
-                        );
+                        ));
                     }
                 }
             }
         }
+        ControlFlow::Continue(state)
+    }
+
+    /// The outcome of job `jid`, ended in `state`: its result fetched when
+    /// it completed or failed on the engine.
+    fn conclude(&mut self, jid: &str, state: JobState) -> Outcome {
         if state == JobState::Stopped {
             let why = self.job.get("failureMessage").and_then(Value::as_str).unwrap_or("no reason given").to_string();
             return self.outcome(
@@ -473,7 +215,7 @@ impl Driver {
                 None,
             );
         }
-        let output_file = match self.fetch_result(&jid) {
+        let output_file = match self.fetch_result(jid) {
             Ok(f) => f,
             // The job finished but its result could not be had: the step has
             // no output to hand on, so it must not pass for a success.
