@@ -25,10 +25,10 @@ use crate::protocol::bridge::{
 };
 use crate::providers::{self, Call, Provider, Providers};
 use crate::store::fsutil::{self, is_capacity};
+use crate::store::layout::{ClaimPaths, RunPaths, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
 use crate::store::Layout;
 
-pub const REQUESTS: &str = "external-job-requests";
-pub const RESPONSES: &str = "external-job-responses";
+pub use crate::store::layout::{BRIDGE_REQUESTS as REQUESTS, BRIDGE_RESPONSES as RESPONSES};
 /// Request entries taken per run per sweep (§8.2); finished claims are not counted.
 pub const PER_SWEEP: usize = 100;
 /// Provider operations in flight at once, over all runs; more wait in their files.
@@ -138,7 +138,7 @@ impl Bridge {
         self.watched.retain(|r| {
             let keep = running.contains(r);
             if !keep {
-                watch.remove(&layout.run_dir(r).join(REQUESTS));
+                watch.remove(&RunPaths::bridge_requests(&layout.run_dir(r)));
             }
             keep
         });
@@ -158,7 +158,7 @@ impl Bridge {
     /// One sweep of one run. True when entries were left for the next turn.
     fn sweep(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
         let dir = layout.run_dir(run_id);
-        let reqdir = dir.join(REQUESTS);
+        let reqdir = RunPaths::bridge_requests(&dir);
         match fsutil::real_dir(&reqdir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
@@ -169,7 +169,7 @@ impl Bridge {
             }
         }
         // No answer could be written: leave the requests (and the log) alone.
-        match fsutil::real_dir(&dir.join(RESPONSES)) {
+        match fsutil::real_dir(&RunPaths::bridge_responses(&dir)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
                 return false;
@@ -203,9 +203,9 @@ impl Bridge {
                 // A claim is a directory of ours; a file or a symlink (to a
                 // directory anywhere) by that name is none: never answered,
                 // never written through.
-            } else if let Some(stem) = name.strip_suffix(".claim") {
+            } else if let Some(stem) = name.strip_suffix(CLAIM_SUFFIX) {
                 claims.push(stem.to_string());
-            } else if name.contains(".claim.tmp-") {
+            } else if name.contains(CLAIM_TMP_INFIX) {
                 tmps.push(e.path());
             }
         }
@@ -215,7 +215,7 @@ impl Bridge {
         claims.sort();
         for id in &claims {
             if self.inflight.contains(&(run_id.to_string(), id.clone()))
-                || reqdir.join(format!("{id}.claim/completed.json")).exists()
+                || ClaimPaths::completed(&RunPaths::bridge_claim(&dir, id)).exists()
             {
                 continue; // finished claims are skipped, not counted
             }
@@ -238,7 +238,7 @@ impl Bridge {
             if self.inflight.contains(&(run_id.to_string(), id.clone())) {
                 continue;
             }
-            let path = reqdir.join(format!("{id}.json"));
+            let path = RunPaths::bridge_request(&dir, &id);
             let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
             if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
                 continue;
@@ -277,7 +277,7 @@ impl Bridge {
     }
 
     fn take_request(&mut self, run_id: &str, dir: &Path, id: &str, parsed: Result<Request, String>, mtime: i64) {
-        let path = dir.join(REQUESTS).join(format!("{id}.json"));
+        let path = RunPaths::bridge_request(dir, id);
         let req = match parsed {
             Ok(r) => r,
             Err(msg) => {
@@ -408,16 +408,16 @@ impl Bridge {
         provider: std::sync::Arc<dyn Provider>,
         limit: Duration,
     ) {
-        let reqdir = dir.join(REQUESTS);
+        let reqdir = RunPaths::bridge_requests(dir);
         let id = req.id.clone();
-        let path = reqdir.join(format!("{id}.json"));
-        let claim = reqdir.join(format!("{id}.claim"));
+        let path = RunPaths::bridge_request(dir, &id);
+        let claim = RunPaths::bridge_claim(dir, &id);
         if claim.exists() {
             // Already claimed (a servicer died before removing the request): the claim owns it.
             let _ = fsutil::remove_if_exists(&path);
             return;
         }
-        let tmp = reqdir.join(format!("{id}.claim.tmp-{}", uuid::Uuid::new_v4()));
+        let tmp = RunPaths::bridge_claim_tmp(dir, &id, &uuid::Uuid::new_v4().to_string());
         let now = crate::now_ms();
         let owner = ClaimOwner {
             version: 1,
@@ -429,8 +429,8 @@ impl Bridge {
         let mut copy = req.clone();
         copy.claimed_at = Some(now);
         let made = fsutil::mkdir_private(&tmp)
-            .and_then(|_| fsutil::write_atomic(&tmp.join("owner.json"), &to_json(&owner), true))
-            .and_then(|_| fsutil::write_atomic(&tmp.join("request.json"), &to_json(&copy), true));
+            .and_then(|_| fsutil::write_atomic(&ClaimPaths::owner(&tmp), &to_json(&owner), true))
+            .and_then(|_| fsutil::write_atomic(&ClaimPaths::request(&tmp), &to_json(&copy), true));
         if let Err(e) = made {
             let _ = std::fs::remove_dir_all(&tmp);
             tracing::warn!(run_id, request = %id, error = %e, capacity = is_capacity(&e), "cannot prepare a start claim; will retry");
@@ -470,9 +470,8 @@ impl Bridge {
 
     /// A start claim without `completed.json`. True when we acted on it.
     fn recover_claim(&mut self, run_id: &str, dir: &Path, id: &str) -> bool {
-        let reqdir = dir.join(REQUESTS);
-        let claim = reqdir.join(format!("{id}.claim"));
-        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&claim.join("owner.json"), 64 * 1024)
+        let claim = RunPaths::bridge_claim(dir, id);
+        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&ClaimPaths::owner(&claim), 64 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         match &owner {
@@ -505,11 +504,11 @@ impl Bridge {
             .as_ref()
             .map(|o| format!("pid {} on {}", o.pid, o.hostname))
             .unwrap_or_else(|| "an unknown servicer".into());
-        let _ = fsutil::remove_if_exists(&reqdir.join(format!("{id}.json")));
-        let handle: Option<Handle> = fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024)
+        let _ = fsutil::remove_if_exists(&RunPaths::bridge_request(dir, id));
+        let handle: Option<Handle> = fsutil::read_nofollow(&ClaimPaths::handle(&claim), 2 * 1024 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
-        let creq: Option<Request> = fsutil::read_nofollow(&claim.join("request.json"), MAX_REQUEST_BYTES)
+        let creq: Option<Request> = fsutil::read_nofollow(&ClaimPaths::request(&claim), MAX_REQUEST_BYTES)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let provider_name = creq.as_ref().map(|r| r.provider.clone()).unwrap_or_else(|| "unknown".into());
@@ -517,7 +516,7 @@ impl Bridge {
         let op = creq.as_ref().map(|r| r.operation).filter(|o| o.is_dispatch()).unwrap_or(Operation::Start);
         if let Some(h) = handle {
             tracing::warn!(run_id, request = id, owner = %dead, job = %h.provider_job_id, "dispatch servicer died after saving the handle: answering with it");
-            if !dir.join(RESPONSES).join(format!("{id}.json")).exists() {
+            if !RunPaths::bridge_response(dir, id).exists() {
                 let _ = respond(dir, id, op.as_str(), &provider_name, Ok(h));
             }
             let _ = write_completed(&claim);
@@ -531,7 +530,7 @@ impl Bridge {
             claimed_at: crate::now_ms(),
             process_start_identity: self.me.identity.clone(),
         };
-        let _ = fsutil::write_atomic(&claim.join("owner.json"), &to_json(&owner), true);
+        let _ = fsutil::write_atomic(&ClaimPaths::owner(&claim), &to_json(&owner), true);
         let abandoned = |why: &str| {
             providers::failure(
                 &format!("{}-dispatch-abandoned", op.as_str()),
@@ -546,7 +545,7 @@ impl Bridge {
             (creq.clone(), creq.as_ref().and_then(|r| self.providers.get(&r.provider).cloned()))
         else {
             let why = if creq.is_none() {
-                format!("its claim copy {} is unreadable", claim.join("request.json").display())
+                format!("its claim copy {} is unreadable", ClaimPaths::request(&claim).display())
             } else {
                 format!("provider `{provider_name}` is not configured here to look the job up")
             };
@@ -567,7 +566,7 @@ impl Bridge {
 
     /// A claim that never got committed: remove it once its maker is gone.
     fn clean_tmp_claim(&self, tmp: &Path) {
-        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&tmp.join("owner.json"), 64 * 1024)
+        let owner: Option<ClaimOwner> = fsutil::read_nofollow(&ClaimPaths::owner(tmp), 64 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let gone = match owner {
@@ -657,11 +656,11 @@ impl Work {
     }
 
     fn start(self, req: Request) {
-        let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
+        let claim = RunPaths::bridge_claim(&self.dir, &self.id);
         let r = self.call(req.operation, &req, false).map(|h| h.expect("call returns a handle"));
         if let Ok(h) = &r {
             // The handle is durable before anyone hears of it (§8.2).
-            if let Err(e) = write_retrying(&claim.join("handle.json"), &to_json(h), true) {
+            if let Err(e) = write_retrying(&ClaimPaths::handle(&claim), &to_json(h), true) {
                 tracing::error!(error = %e, "cannot save the job handle");
             }
             tracing::info!(job = %h.provider_job_id, "external job started");
@@ -675,7 +674,7 @@ impl Work {
     }
 
     fn recover(self, req: Request, abandoned: Failure) {
-        let claim = self.dir.join(REQUESTS).join(format!("{}.claim", self.id));
+        let claim = RunPaths::bridge_claim(&self.dir, &self.id);
         // The dead servicer's provider process got SIGKILL with it (run_bounded);
         // what it started that still carries its marks goes too, before the
         // engine is asked, so nothing submits the job after we looked.
@@ -697,7 +696,7 @@ impl Work {
         match self.call(op, &req, true) {
             Ok(Some(h)) => {
                 tracing::warn!(job = %h.provider_job_id, "adopted the job a dead servicer had started");
-                let _ = write_retrying(&claim.join("handle.json"), &to_json(&h), true);
+                let _ = write_retrying(&ClaimPaths::handle(&claim), &to_json(&h), true);
                 let _ = respond(&self.dir, &self.id, op.as_str(), &req.provider, Ok(h));
                 let _ = write_completed(&claim);
                 self.finish(false);
@@ -715,8 +714,8 @@ impl Work {
     }
 
     fn operation(self, req: Request, lock: File) {
-        let path = self.dir.join(REQUESTS).join(format!("{}.json", self.id));
-        let resp = self.dir.join(RESPONSES).join(format!("{}.json", self.id));
+        let path = RunPaths::bridge_request(&self.dir, &self.id);
+        let resp = RunPaths::bridge_response(&self.dir, &self.id);
         // A servicer that died after answering: only the removal is left to do.
         if !resp.exists() {
             let r = self.call(req.operation, &req, false).map(|h| h.expect("call returns a handle"));
@@ -761,7 +760,7 @@ fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
 }
 
 fn write_completed(claim: &Path) -> io::Result<()> {
-    write_retrying(&claim.join("completed.json"), &to_json(&Completed { completed_at: crate::now_ms() }), true)
+    write_retrying(&ClaimPaths::completed(claim), &to_json(&Completed { completed_at: crate::now_ms() }), true)
 }
 
 /// Write the response file for request `id`.
@@ -771,10 +770,10 @@ fn respond(dir: &Path, id: &str, op: &str, provider: &str, r: Result<Handle, Fai
         Ok(h) => Response::ok(id, op, provider, h, now),
         Err(f) => Response::err(id, op, provider, f, now),
     };
-    let rdir = dir.join(RESPONSES);
+    let rdir = RunPaths::bridge_responses(dir);
     fsutil::mkdir_private(&rdir)?;
     fsutil::real_dir(&rdir)?;
-    write_retrying(&rdir.join(format!("{id}.json")), &to_json(&resp), false)
+    write_retrying(&RunPaths::bridge_response(dir, id), &to_json(&resp), false)
 }
 
 /// An atomic write that waits out capacity errors (PROTOCOL §11): the payload

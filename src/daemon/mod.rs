@@ -868,7 +868,7 @@ impl Daemon {
                     &self.layout,
                     &e.path(),
                     &lossy.replace('\u{FFFD}', "_"),
-                    &crate::protocol::request::Rejection::new("bad-name", "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}"),
+                    &crate::protocol::request::Rejection::new(crate::protocol::request::RejectionCode::BadName, "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}"),
                     None,
                 );
                 continue;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
+use crate::store::layout::{RunPaths, BRIDGE_REQUESTS, CONTROL_DIR, STOP_REQUESTS_DIR};
 use crate::store::Layout;
 
 #[derive(Debug)]
@@ -248,15 +249,15 @@ impl Watch {
     /// Watch a queued run's control inbox: `control/` and 0.67's
     /// `control/stop-requests/` (the caller creates both).
     pub fn watch_control(&mut self, run_id: &str) {
-        let d = self.layout.run_dir(run_id).join("control");
-        self.add(&d);
-        self.add(&d.join("stop-requests"));
+        let dir = self.layout.run_dir(run_id);
+        self.add(&RunPaths::control(&dir));
+        self.add(&RunPaths::stop_requests(&dir));
     }
 
     pub fn unwatch_control(&mut self, run_id: &str) {
-        let d = self.layout.run_dir(run_id).join("control");
-        self.remove(&d.join("stop-requests"));
-        self.remove(&d);
+        let dir = self.layout.run_dir(run_id);
+        self.remove(&RunPaths::stop_requests(&dir));
+        self.remove(&RunPaths::control(&dir));
     }
 
     /// Has the spool directory been replaced (removed and created again)
@@ -384,7 +385,7 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         let name = p.file_name()?.to_string_lossy();
         return (!name.starts_with('.')).then_some(Hint::Spool);
     }
-    if parent.file_name()? == "external-job-requests" {
+    if parent.file_name()? == BRIDGE_REQUESTS {
         let run_dir = parent.parent()?;
         let name = p.file_name()?.to_string_lossy();
         if run_dir.parent()? == runs && !name.starts_with('.') && name.ends_with(".json") {
@@ -393,8 +394,8 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         return None;
     }
     // control/ itself, or 0.67's control/stop-requests/.
-    let control = if parent.file_name()? == "stop-requests" { parent.parent()? } else { parent };
-    if control.file_name()? == "control" {
+    let control = if parent.file_name()? == STOP_REQUESTS_DIR { parent.parent()? } else { parent };
+    if control.file_name()? == CONTROL_DIR {
         let run_dir: PathBuf = control.parent()?.to_path_buf();
         if run_dir.parent()? == runs {
             return Some(Hint::Control(run_dir.file_name()?.to_string_lossy().into_owned()));

@@ -131,8 +131,10 @@ fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         type Dup2 = fn(&std::fs::File) -> nix::Result<()>;
-        let targets: [(&str, Dup2); 2] =
-            [("runner.stdout.log", |f| nix::unistd::dup2_stdout(f)), ("runner.stderr.log", |f| nix::unistd::dup2_stderr(f))];
+        let targets: [(&str, Dup2); 2] = [
+            ("runner.stdout.log", |f| nix::unistd::dup2_stdout(f)),
+            ("runner.stderr.log", |f| nix::unistd::dup2_stderr(f)),
+        ];
         for (name, dup2) in targets {
             // A FIFO or link a step planted in place of a log is refused without blocking.
             if let Ok(f) = fsutil::open_append(&dir.join(name)) {
@@ -888,7 +890,7 @@ impl Context for RunTime {
 
 fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
     if raw.len() as u64 > MAX_REQUEST_BYTES {
-        return Err(Rejection::new("too-large", format!("it is over {MAX_REQUEST_BYTES} bytes")));
+        return Err(Rejection::new(request::RejectionCode::TooLarge, format!("it is over {MAX_REQUEST_BYTES} bytes")));
     }
     request::parse(raw).and_then(|v| request::validate(raw, &v, &RunTime))
 }
