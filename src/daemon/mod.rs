@@ -672,7 +672,7 @@ impl Daemon {
         self.poll_queued_inboxes();
         let held = &self.dead_runners;
         let bridged = self.running.keys().filter(|id| !held.holds(id)).chain(self.foreign.iter());
-        self.bridge.turn(&self.layout, bridged, &mut self.watch);
+        self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // Back after a release once there is room again (tried every 10 s).
