@@ -81,33 +81,36 @@ impl Bridge {
         }
     }
 
+    /// Is the servicer that holds `claim` (its `owner.json`, if readable)
+    /// gone, so the claim is ours to finish? Another host's never is.
+    fn servicer_gone(&self, claim: &Path, owner: Option<&ClaimOwner>) -> bool {
+        match owner {
+            Some(o) if o.hostname != self.me.hostname => false, // another host's servicer
+            // Ours but no longer in flight: the worker ended without its tombstone.
+            Some(o) if o.pid == self.me.pid && o.process_start_identity == self.me.identity => true,
+            Some(o) => {
+                let alive = crate::platform::pid_alive(o.pid)
+                    && (o.process_start_identity.is_none()
+                        || crate::platform::start_identity(o.pid) == o.process_start_identity);
+                !alive
+            }
+            None => {
+                // owner.json is written before the rename, so this claim is not
+                // of our making; give its writer a minute before judging it.
+                let age = std::fs::metadata(claim).ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+                age.is_some_and(|a| a >= Duration::from_secs(60))
+            }
+        }
+    }
+
     /// A start claim without `completed.json`. True when we acted on it.
     pub(super) fn recover_claim(&mut self, w: &mut Writer, run_id: &str, dir: &Path, id: &str) -> bool {
         let claim = RunPaths::bridge_claim(dir, id);
         let owner: Option<ClaimOwner> = fsutil::read_nofollow(&ClaimPaths::owner(&claim), 64 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
-        match &owner {
-            Some(o) if o.hostname != self.me.hostname => return false, // another host's servicer
-            Some(o) if o.pid == self.me.pid && o.process_start_identity == self.me.identity => {
-                // Ours but no longer in flight: the worker ended without its tombstone.
-            }
-            Some(o) => {
-                let alive = crate::platform::pid_alive(o.pid)
-                    && (o.process_start_identity.is_none()
-                        || crate::platform::start_identity(o.pid) == o.process_start_identity);
-                if alive {
-                    return false;
-                }
-            }
-            None => {
-                // owner.json is written before the rename, so this claim is not
-                // of our making; give its writer a minute before judging it.
-                let age = std::fs::metadata(&claim).ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
-                if age.is_none_or(|a| a < Duration::from_secs(60)) {
-                    return false;
-                }
-            }
+        if !self.servicer_gone(&claim, owner.as_ref()) {
+            return false;
         }
         let key = (run_id.to_string(), id.to_string());
         if self.retry_at.get(&key).is_some_and(|t| Instant::now() < *t) {

@@ -200,28 +200,7 @@ impl Bridge {
         if self.watched.insert(run_id.to_string()) {
             watch.add(&reqdir);
         }
-        let mut requests: Vec<String> = Vec::new();
-        let mut claims: Vec<String> = Vec::new();
-        let mut tmps: Vec<PathBuf> = Vec::new();
-        for e in rd.flatten() {
-            let Ok(name) = e.file_name().into_string() else { continue };
-            if name.starts_with('.') {
-                continue;
-            }
-            if let Some(stem) = name.strip_suffix(".json") {
-                if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
-                    requests.push(stem.to_string());
-                }
-            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                // A claim is a directory of ours; a file or a symlink (to a
-                // directory anywhere) by that name is none: never answered,
-                // never written through.
-            } else if let Some(stem) = name.strip_suffix(CLAIM_SUFFIX) {
-                claims.push(stem.to_string());
-            } else if name.contains(CLAIM_TMP_INFIX) {
-                tmps.push(e.path());
-            }
-        }
+        let Listing { requests, mut claims, tmps } = Listing::of(rd);
         let mut taken = 0;
         let mut left = 0;
         let mut capped = false;
@@ -246,15 +225,33 @@ impl Bridge {
         for t in tmps {
             self.clean_tmp_claim(&t);
         }
-        // Read every waiting request: starts go first, then oldest first, so a
-        // flood of status polls never starves a start.
+        for Waiting { id, parsed, mtime, .. } in self.waiting(run_id, &dir, requests) {
+            if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
+                capped |= self.inflight.len() >= MAX_INFLIGHT;
+                left += 1;
+                continue;
+            }
+            taken += 1;
+            self.take_request(w, run_id, &dir, &id, parsed, mtime);
+        }
+        if taken > 0 || left > 0 {
+            tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
+        }
+        // At the in-flight cap, completions wake us; otherwise come back at once.
+        left > 0 && !capped
+    }
+
+    /// Read every waiting request not in flight, in the order they are
+    /// taken: starts first, then oldest first, so a flood of status polls
+    /// never starves a start.
+    fn waiting(&self, run_id: &str, dir: &Path, requests: Vec<String>) -> Vec<Waiting> {
         let mut todo: Vec<Waiting> = Vec::new();
         for id in requests {
             let key = (run_id.to_string(), id.clone());
             if self.inflight.contains(&key) || self.deferred.contains_key(&key) {
                 continue;
             }
-            let path = RunPaths::bridge_request(&dir, &id);
+            let path = RunPaths::bridge_request(dir, &id);
             let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
             if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
                 continue;
@@ -276,20 +273,7 @@ impl Bridge {
             todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
         }
         todo.sort_by(|a, b| (a.later, a.created, &a.id).cmp(&(b.later, b.created, &b.id)));
-        for Waiting { id, parsed, mtime, .. } in todo {
-            if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
-                capped |= self.inflight.len() >= MAX_INFLIGHT;
-                left += 1;
-                continue;
-            }
-            taken += 1;
-            self.take_request(w, run_id, &dir, &id, parsed, mtime);
-        }
-        if taken > 0 || left > 0 {
-            tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
-        }
-        // At the in-flight cap, completions wake us; otherwise come back at once.
-        left > 0 && !capped
+        todo
     }
 
     fn take_request(
@@ -468,6 +452,40 @@ impl Bridge {
             };
         self.launched.insert(run_id.to_string(), v);
         v
+    }
+}
+
+/// The entries of a run's `external-job-requests/` by kind; dot names and
+/// names outside the grammar are not looked at.
+struct Listing {
+    requests: Vec<String>,
+    claims: Vec<String>,
+    tmps: Vec<PathBuf>,
+}
+
+impl Listing {
+    fn of(rd: std::fs::ReadDir) -> Listing {
+        let mut l = Listing { requests: Vec::new(), claims: Vec::new(), tmps: Vec::new() };
+        for e in rd.flatten() {
+            let Ok(name) = e.file_name().into_string() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            if let Some(stem) = name.strip_suffix(".json") {
+                if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
+                    l.requests.push(stem.to_string());
+                }
+            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                // A claim is a directory of ours; a file or a symlink (to a
+                // directory anywhere) by that name is none: never answered,
+                // never written through.
+            } else if let Some(stem) = name.strip_suffix(CLAIM_SUFFIX) {
+                l.claims.push(stem.to_string());
+            } else if name.contains(CLAIM_TMP_INFIX) {
+                l.tmps.push(e.path());
+            }
+        }
+        l
     }
 }
 
