@@ -204,7 +204,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
     let choice = crate::daemon::watch::choose(
         std::env::consts::OS,
         fs.as_deref(),
-        cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto"),
+        crate::daemon::watch::Strategy::from_config(cfg.as_ref().map(|c| c.watch.strategy.as_str()).unwrap_or("auto")),
     );
     checks.push(check(
         "filesystem",
