@@ -79,6 +79,13 @@ impl Layout {
         self.rejected().join(name)
     }
 
+    /// `spool/rejected/<stem>.error.json`, the error file of the entry
+    /// `<stem>.json` (a name over 255 bytes gets a hashed one, see spool's
+    /// `rejected_names`).
+    pub fn rejected_error_file(&self, stem: &str) -> PathBuf {
+        self.rejected().join(format!("{stem}{ERROR_FILE_SUFFIX}"))
+    }
+
     /// A directory a `rejected` run is built in before it is renamed into
     /// place (`REJECTED_STAGING_PREFIX`, the builder's pid, a unique tail).
     pub fn rejected_run_staging(&self, pid: u32, unique: &str) -> PathBuf {
