@@ -423,3 +423,91 @@ fn thousand_status_requests_go_100_per_sweep_without_starving_a_start() {
     assert!(takes.contains(&100), "{takes:?}");
     assert!(takes.iter().sum::<usize>() >= 1001, "{takes:?}");
 }
+
+/// A private tmpfs over `at` for the test's life, lazily unmounted on drop.
+struct Tmpfs(PathBuf);
+impl Tmpfs {
+    fn mount(at: &std::path::Path, size: &str) -> Tmpfs {
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs on {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fill the filesystem under `dir` until writes fail with ENOSPC; returns the fillers.
+fn fill_up(dir: &std::path::Path) -> Vec<PathBuf> {
+    fs::create_dir_all(dir).unwrap();
+    let (mut files, mut size) = (Vec::new(), 256 * 1024);
+    while size >= 512 {
+        loop {
+            let p = dir.join(format!("fill-{}", files.len()));
+            match fs::write(&p, vec![0xAB; size]) {
+                Ok(()) => files.push(p),
+                Err(e) => {
+                    let _ = fs::remove_file(&p);
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling {}: {e}", dir.display());
+                    break;
+                }
+            }
+        }
+        size /= 4;
+    }
+    files
+}
+
+#[test]
+fn a_response_written_by_the_loop_waits_out_a_full_disk() {
+    if !is_root() {
+        eprintln!("skipped: a_response_written_by_the_loop_waits_out_a_full_disk needs root (a tmpfs mount)");
+        return;
+    }
+    let mut fx = Fixture::new();
+    let _m = Tmpfs::mount(&fx.env.root, "4m");
+    fx.env.ensure_layout();
+    let _lock = fake_run(&fx.env, "b-full", true);
+    let (d, resp_dir) = (reqdir(&fx.env, "b-full"), fx.env.run_dir("b-full").join("external-job-responses"));
+    mkdir_0700(&resp_dir);
+    fx.env.start_daemon();
+    let env = &fx.env;
+    probe(env, "b-full", 1);
+    // The daemon answers an unconfigured provider itself, on its loop. Staged
+    // under a dot name, published by a rename, which a full tmpfs still allows.
+    let mut body = status_req("u-full", "7");
+    body["provider"] = json!("nowhere");
+    let tmp = d.join(".u-full.tmp");
+    write_file_mode(&tmp, body.to_string().as_bytes(), 0o600);
+    let fillers = fill_up(&env.root.join("filler"));
+    fs::rename(&tmp, d.join("u-full.json")).unwrap();
+    std::thread::sleep(Duration::from_secs(3)); // several full sweeps
+                                                // The loop keeps turning meanwhile (no capacity retry sleeps it): a reload is served.
+    assert_eq!(unsafe { libc::kill(env.daemon_pid().unwrap() as libc::pid_t, libc::SIGHUP) }, 0);
+    wait_until(Duration::from_secs(10), "a reload on a full disk", || {
+        env.log_tail(100).contains("configuration reloaded")
+    });
+    assert!(d.join("u-full.json").exists(), "the request was removed before its response was written");
+    assert!(!response_path(env, "b-full", "u-full").exists(), "a response was written on a full disk?");
+    for p in fillers {
+        fs::remove_file(p).unwrap();
+    }
+    let r = wait_response(env, "b-full", "u-full");
+    assert_eq!(r["code"], "provider-unavailable", "{r}");
+    wait_until(LONG, "the answered request to be removed", || !d.join("u-full.json").exists());
+    // Answered once: the response is not rewritten by later sweeps, and nothing else is left.
+    let first = fs::read(response_path(env, "b-full", "u-full")).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(fs::read(response_path(env, "b-full", "u-full")).unwrap(), first, "the response was written twice");
+    let mut left: Vec<String> =
+        fs::read_dir(&resp_dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["probe-1.json", "u-full.json"]);
+    assert_eq!(fx.calls("status"), 1, "only the probe reached the provider");
+}

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
@@ -85,24 +86,33 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
             old_mtime = true;
             (
                 format!("{{\"version\":1,\"runId\":\"{id}\",\"steps\":[").into_bytes(),
-                Expect::Reject("invalid-json", None, false),
+                Expect::Reject(RejectionCode::InvalidJson.as_str(), None, false),
             )
         } else if roll < 82 {
             let mut r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             r["version"] = json!(3);
-            (serde_json::to_vec(&r).unwrap(), Expect::Reject("unsupported-version", Some(id.clone()), false))
+            (
+                serde_json::to_vec(&r).unwrap(),
+                Expect::Reject(RejectionCode::UnsupportedVersion.as_str(), Some(id.clone()), false),
+            )
         } else if roll < 88 {
             let mut r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             r["tiemoutMs"] = json!(1000);
-            (serde_json::to_vec(&r).unwrap(), Expect::Reject("invalid-field", Some(id.clone()), true))
+            (
+                serde_json::to_vec(&r).unwrap(),
+                Expect::Reject(RejectionCode::InvalidField.as_str(), Some(id.clone()), true),
+            )
         } else if roll < 92 {
             let mut r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             r["cwd"] = json!(format!("/nonexistent/chaos-{i}"));
-            (serde_json::to_vec(&r).unwrap(), Expect::Reject("cwd-missing", Some(id.clone()), true))
+            (
+                serde_json::to_vec(&r).unwrap(),
+                Expect::Reject(RejectionCode::CwdMissing.as_str(), Some(id.clone()), true),
+            )
         } else if roll < 95 {
             mode = 0o622;
             let r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
-            (serde_json::to_vec(&r).unwrap(), Expect::Reject("bad-permissions", None, false))
+            (serde_json::to_vec(&r).unwrap(), Expect::Reject(RejectionCode::BadPermissions.as_str(), None, false))
         } else if roll < 97 {
             let r = request(Some(&id), &w, vec![code_step(&tag, 0)]);
             let bytes = serde_json::to_vec(&r).unwrap();
@@ -111,12 +121,12 @@ fn build_specs(env: &TestEnv, rng: &mut Rng, n: usize) -> Vec<Spec> {
                 bytes,
                 mode,
                 old_mtime,
-                expect: Expect::Reject("bad-name", None, false),
+                expect: Expect::Reject(RejectionCode::BadName.as_str(), None, false),
             });
             continue;
         } else {
             let r = request(Some("chaos-pre"), &w, vec![code_step(&tag, 0)]);
-            (serde_json::to_vec(&r).unwrap(), Expect::Reject("duplicate-run-id", None, false))
+            (serde_json::to_vec(&r).unwrap(), Expect::Reject(RejectionCode::DuplicateRunId.as_str(), None, false))
         };
         specs.push(Spec { name, bytes: body, mode, old_mtime, expect });
     }

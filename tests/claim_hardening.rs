@@ -9,6 +9,7 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::json;
 
 /// The pid of a process that has exited (and been reaped).
@@ -115,7 +116,7 @@ fn unparsable_request_with_a_future_mtime_is_rejected() {
     let ok = poll_until(Duration::from_secs(30), || p.exists());
     assert!(ok, "not rejected after 30 s; spool: {:?}\n{}", env.pending_spool(), env.log_tail(20));
     let v = read_json(&p).unwrap();
-    assert_eq!(v["code"], "invalid-json", "{v}");
+    assert_eq!(v["code"], RejectionCode::InvalidJson.as_str(), "{v}");
     // A parsable request still waits for nothing.
     env.submit(&request(Some("after-future"), &env.work, vec![cmd_step("a", &["true"])]));
     assert_eq!(env.wait_terminal("after-future")["state"], "complete");
@@ -273,7 +274,7 @@ fn half_claimed_request_that_fails_validation_becomes_rejected() {
     let st = env.wait_terminal("half-bad");
     assert_eq!(st["state"], "rejected", "{st}");
     let err = st["error"].as_str().unwrap_or("");
-    assert!(err.starts_with("invalid-field") && err.contains("priority"), "{st}");
+    assert!(err.starts_with(RejectionCode::InvalidField.as_str()) && err.contains("priority"), "{st}");
     assert!(env.event_types("half-bad").contains(&"subagent.run.rejected".to_string()));
     assert_eq!(env.wait_terminal("half-good")["state"], "complete");
     std::thread::sleep(Duration::from_millis(500));

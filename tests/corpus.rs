@@ -8,6 +8,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsString};
@@ -22,19 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const CODES: &[&str] = &[
-    "bad-name",
-    "not-regular-file",
-    "bad-owner",
-    "bad-permissions",
-    "too-large",
-    "invalid-json",
-    "unsupported-version",
-    "invalid-field",
-    "duplicate-run-id",
-    "cwd-missing",
-    "unknown-provider",
-];
+/// Every code a spool file can provoke: all but `withdrawn`, a client's act.
+fn file_codes() -> Vec<&'static str> {
+    RejectionCode::ALL.iter().filter(|c| **c != RejectionCode::Withdrawn).map(|c| c.as_str()).collect()
+}
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
@@ -148,15 +140,15 @@ fn corpus_manifest_is_well_formed() {
             None => vec![e["code"].as_str().unwrap()],
         };
         for c in codes {
-            assert!(CODES.contains(&c), "{:?}: unknown code {c}", name);
+            assert!(file_codes().contains(&c), "{:?}: unknown code {c}", name);
         }
         if let Some(b) = e["body"].as_str() {
             assert!(corpus_dir().join("bodies").join(b).is_file(), "{:?}: body {b} missing", name);
         }
     }
     // Every rejection code that a file can provoke is covered.
-    for c in CODES {
-        assert!(entries.iter().any(|e| e["code"] == *c), "no corpus entry expects {c}");
+    for c in file_codes() {
+        assert!(entries.iter().any(|e| e["code"] == c), "no corpus entry expects {c}");
     }
 }
 
@@ -552,7 +544,7 @@ fn run_directory_symlink_is_never_followed() {
     let req = request(Some("redirected"), &env.work, vec![cmd_step("a", &["true"])]);
     let bytes = env.drop_request("redirected", &req);
     let e = env.wait_rejection("redirected");
-    assert_eq!(e["code"], "duplicate-run-id", "{e}");
+    assert_eq!(e["code"], RejectionCode::DuplicateRunId.as_str(), "{e}");
     assert!(e["rejectedAt"].as_i64().unwrap() >= t0 - 2000);
     assert_eq!(file_bytes(&env.rejected().join("redirected.json")), bytes);
     assert!(list_names(&outside).is_empty(), "nothing was written through the symlink: {:?}", list_names(&outside));
@@ -563,7 +555,7 @@ fn run_directory_symlink_is_never_followed() {
     bad["priority"] = json!(5000);
     env.drop_request("dangling", &bad);
     let e = env.wait_rejection("dangling");
-    assert_eq!(e["code"], "invalid-field", "{e}");
+    assert_eq!(e["code"], RejectionCode::InvalidField.as_str(), "{e}");
     std::thread::sleep(Duration::from_millis(500));
     assert!(fs::symlink_metadata(&dangling).is_err(), "nothing was created through a dangling symlink");
     assert!(env.daemon_exited().is_none());

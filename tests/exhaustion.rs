@@ -10,6 +10,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -65,12 +66,12 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
 
     // Stage everything under dot names (never read), then publish at once.
     let kinds: [(&str, &str); 6] = [
-        ("garbage-old", "invalid-json"),
-        ("garbage-fresh", "invalid-json"),
-        ("version", "unsupported-version"),
-        ("traversal", "invalid-field"),
-        ("perm", "bad-permissions"),
-        ("cwd", "cwd-missing"),
+        ("garbage-old", RejectionCode::InvalidJson.as_str()),
+        ("garbage-fresh", RejectionCode::InvalidJson.as_str()),
+        ("version", RejectionCode::UnsupportedVersion.as_str()),
+        ("traversal", RejectionCode::InvalidField.as_str()),
+        ("perm", RejectionCode::BadPermissions.as_str()),
+        ("cwd", RejectionCode::CwdMissing.as_str()),
     ];
     let mut expected: BTreeMap<String, &str> = BTreeMap::new();
     let mut valid: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -221,7 +222,7 @@ fn twenty_thousand_entries_bounded_memory_and_no_blocking() {
     (&locked).write_all(&tail).unwrap();
     drop(locked);
     let e = env.wait_rejection("stuck-fresh");
-    assert_eq!(e["code"], "invalid-json", "{e}");
+    assert_eq!(e["code"], RejectionCode::InvalidJson.as_str(), "{e}");
     let st = env.wait_terminal_for("stuck-locked", Duration::from_secs(1200));
     assert_eq!(st["state"], "complete", "{st}");
     assert!(env.daemon_exited().is_none());

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::Value;
 
 const POLL_CONFIG: &str = "max_running = 4\nretention_days = 30\n[watch]\nstrategy = \"poll\"\nrescan_interval_s = 5\n";
@@ -103,7 +104,7 @@ fn stop_withdraws_a_pending_request_and_it_never_runs() {
     assert!(stderr_str(&o).contains("withdrew"), "{}", describe(&o));
     assert!(env.pending_spool().is_empty(), "{:?}", env.pending_spool());
     let err = read_json(&env.rejected().join(format!("{id}.error.json"))).expect("the withdrawal's error file");
-    assert_eq!(err["code"], "withdrawn", "{err}");
+    assert_eq!(err["code"], RejectionCode::Withdrawn.as_str(), "{err}");
     assert!(err["message"].as_str().unwrap().contains("changed my mind"), "{err}");
     assert!(env.rejected().join(format!("{id}.json")).exists(), "the request is kept in rejected/");
     // A waiter on the run id learns the outcome from a `rejected` run.
@@ -115,14 +116,14 @@ fn stop_withdraws_a_pending_request_and_it_never_runs() {
     env.start_daemon();
     let o = env.cli(&["wait", &id, "--timeout", "30s"]);
     assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
-    assert!(stderr_str(&o).contains("withdrawn"), "{}", describe(&o));
+    assert!(stderr_str(&o).contains(RejectionCode::Withdrawn.as_str()), "{}", describe(&o));
     // A later request still runs: the daemon is not wedged on the withdrawn one.
     let later = submit_id(&env, &["--", "true"]);
     assert_eq!(env.wait_terminal(&later)["state"], "complete");
     assert!(!marker.exists(), "the withdrawn request never ran");
     assert_eq!(env.state(&id).as_deref(), Some("rejected"));
     let o = env.cli(&["status", &id]);
-    assert!(stdout_str(&o).contains("withdrawn"), "{}", describe(&o));
+    assert!(stdout_str(&o).contains(RejectionCode::Withdrawn.as_str()), "{}", describe(&o));
     let o = env.cli(&["stop", &id]);
     assert_ne!(o.status.code(), Some(0), "nothing left to stop: {}", describe(&o));
     env.check_consistency();
@@ -151,7 +152,11 @@ fn stop_of_a_pending_request_racing_a_starting_daemon_has_exactly_one_outcome() 
         match st["state"].as_str().unwrap() {
             "rejected" => {
                 withdrawn += 1;
-                assert_eq!(err_file.as_ref().map(|e| e["code"].clone()), Some("withdrawn".into()), "round {i}");
+                assert_eq!(
+                    err_file.as_ref().map(|e| e["code"].clone()),
+                    Some(RejectionCode::Withdrawn.as_str().into()),
+                    "round {i}"
+                );
                 assert!(!claimed, "round {i}: withdrawn yet claimed");
                 assert!(stderr_str(&o).contains("withdrew"), "round {i}: {}", describe(&o));
             }

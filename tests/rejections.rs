@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
@@ -69,8 +70,8 @@ fn bad_name_and_ignored_names() {
     // Ignored: dot names and names not ending in .json.
     write_file_mode(&env.spool().join(".hidden.json"), &body, 0o600);
     write_file_mode(&env.spool().join("notes.txt"), &body, 0o600);
-    expect_rejected(&env, "bad name", "bad-name", Some(&body), t0);
-    expect_rejected(&env, "-leading-dash", "bad-name", Some(&body), t0);
+    expect_rejected(&env, "bad name", RejectionCode::BadName.as_str(), Some(&body), t0);
+    expect_rejected(&env, "-leading-dash", RejectionCode::BadName.as_str(), Some(&body), t0);
     // a valid request afterwards still works and proves a full scan happened
     env.submit(&valid(&env, "after-bad-name"));
     env.wait_terminal("after-bad-name");
@@ -97,9 +98,9 @@ fn not_regular_files_dir_symlink_fifo() {
     let fifo = std::ffi::CString::new(env.spool().join("a-fifo.json").to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
 
-    expect_rejected(&env, "a-dir", "not-regular-file", None, t0);
-    expect_rejected(&env, "a-link", "not-regular-file", None, t0);
-    expect_rejected(&env, "a-fifo", "not-regular-file", None, t0);
+    expect_rejected(&env, "a-dir", RejectionCode::NotRegularFile.as_str(), None, t0);
+    expect_rejected(&env, "a-link", RejectionCode::NotRegularFile.as_str(), None, t0);
+    expect_rejected(&env, "a-fifo", RejectionCode::NotRegularFile.as_str(), None, t0);
     assert!(fs::symlink_metadata(env.rejected().join("a-dir.json")).unwrap().is_dir());
     let l = fs::symlink_metadata(env.rejected().join("a-link.json")).unwrap();
     assert!(l.file_type().is_symlink(), "the symlink itself is moved, not followed");
@@ -126,8 +127,8 @@ fn bad_permissions_and_owner() {
     // 0644 is fine: readable by others is not writable by them
     let b3 = serde_json::to_vec(&valid(&env, "perm-644")).unwrap();
     env.drop_bytes_mode("perm-644", &b3, 0o644);
-    expect_rejected(&env, "perm-622", "bad-permissions", Some(&b1), t0);
-    expect_rejected(&env, "perm-606", "bad-permissions", Some(&b2), t0);
+    expect_rejected(&env, "perm-622", RejectionCode::BadPermissions.as_str(), Some(&b1), t0);
+    expect_rejected(&env, "perm-606", RejectionCode::BadPermissions.as_str(), Some(&b2), t0);
     assert_eq!(env.wait_terminal("perm-644")["state"], "complete");
     assert!(!env.run_dir("perm-622").exists() || env.state("perm-622").as_deref() == Some("rejected"));
 
@@ -138,7 +139,7 @@ fn bad_permissions_and_owner() {
         write_file_mode(&tmp, &b4, 0o600);
         std::os::unix::fs::chown(&tmp, Some(65534), Some(65534)).unwrap();
         fs::rename(&tmp, env.spool().join("owner-other.json")).unwrap();
-        expect_rejected(&env, "owner-other", "bad-owner", Some(&b4), t0);
+        expect_rejected(&env, "owner-other", RejectionCode::BadOwner.as_str(), Some(&b4), t0);
     }
     env.check_consistency();
 }
@@ -156,7 +157,7 @@ fn too_large_and_exactly_one_mib() {
     let mut big = serde_json::to_vec(&valid(&env, "too-big")).unwrap();
     big.resize(1024 * 1024 + 1, b' ');
     env.drop_bytes("too-big", &big);
-    expect_rejected(&env, "too-big", "too-large", Some(&big), t0);
+    expect_rejected(&env, "too-big", RejectionCode::TooLarge.as_str(), Some(&big), t0);
     assert_eq!(env.wait_terminal("exact-mib")["state"], "complete");
     assert_eq!(file_bytes(&env.run_dir("exact-mib").join("request.json")), exact);
     env.check_consistency();
@@ -172,19 +173,22 @@ fn invalid_json_old_and_unsupported_version() {
     write_file_mode(&tmp, &bad, 0o600);
     set_mtime_ago(&tmp, 30);
     fs::rename(&tmp, env.spool().join("old-garbage.json")).unwrap();
-    expect_rejected(&env, "old-garbage", "invalid-json", Some(&bad), t0);
+    expect_rejected(&env, "old-garbage", RejectionCode::InvalidJson.as_str(), Some(&bad), t0);
     assert!(!env.run_dir("never-parsed").exists(), "unparsable body creates no run");
 
     let mut v2 = valid(&env, "version-two");
     v2["version"] = json!(2);
     let b = env.drop_request("version-two", &v2);
-    expect_rejected(&env, "version-two", "unsupported-version", Some(&b), t0);
+    expect_rejected(&env, "version-two", RejectionCode::UnsupportedVersion.as_str(), Some(&b), t0);
 
     let mut v0 = valid(&env, "version-missing");
     v0.as_object_mut().unwrap().remove("version");
     let b = env.drop_request("version-missing", &v0);
     let e = env.wait_rejection("version-missing");
-    assert!(e["code"] == "unsupported-version" || e["code"] == "invalid-field", "missing version is refused: {e}");
+    assert!(
+        e["code"] == RejectionCode::UnsupportedVersion.as_str() || e["code"] == RejectionCode::InvalidField.as_str(),
+        "missing version is refused: {e}"
+    );
     assert_eq!(file_bytes(&env.rejected().join("version-missing.json")), b);
     env.check_consistency();
 }
@@ -328,14 +332,14 @@ fn invalid_fields_each_limit_by_one() {
         written.push((name.clone(), b, tokens.clone()));
     }
     for (name, b, tokens) in &written {
-        let e = expect_rejected(&env, name, "invalid-field", Some(b), t0);
+        let e = expect_rejected(&env, name, RejectionCode::InvalidField.as_str(), Some(b), t0);
         let msg = e["message"].as_str().unwrap().to_lowercase();
         assert!(
             tokens.iter().any(|t| msg.contains(t)),
             "{name}: message {msg:?} should name the field (one of {tokens:?})"
         );
         if name != "inv-runid" && name != "inv-runid-long" {
-            expect_rejected_run(&env, name, "invalid-field");
+            expect_rejected_run(&env, name, RejectionCode::InvalidField.as_str());
         }
     }
     assert!(!env.run_dir("bad run id").exists());
@@ -408,7 +412,7 @@ fn duplicate_run_id() {
     let st1 = env.wait_terminal("dup-1");
     let again = request(Some("dup-1"), &env.work, vec![sh_step("a", "echo second > second-ran")]);
     let b = env.drop_request("dup-1-again", &again);
-    expect_rejected(&env, "dup-1-again", "duplicate-run-id", Some(&b), t0);
+    expect_rejected(&env, "dup-1-again", RejectionCode::DuplicateRunId.as_str(), Some(&b), t0);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(file_bytes(&env.run_dir("dup-1").join("request.json")), first, "existing run untouched");
     let st2 = env.status("dup-1").unwrap();
@@ -443,13 +447,13 @@ fn cwd_missing_and_unknown_provider() {
     );
     let b4 = env.drop_request("no-provider", &r);
 
-    expect_rejected(&env, "cwd-gone", "cwd-missing", Some(&b1), t0);
-    expect_rejected_run(&env, "cwd-gone", "cwd-missing");
-    expect_rejected(&env, "step-cwd-gone", "cwd-missing", Some(&b2), t0);
-    expect_rejected_run(&env, "step-cwd-gone", "cwd-missing");
-    expect_rejected(&env, "cwd-is-file", "cwd-missing", Some(&b3), t0);
-    expect_rejected(&env, "no-provider", "unknown-provider", Some(&b4), t0);
-    expect_rejected_run(&env, "no-provider", "unknown-provider");
+    expect_rejected(&env, "cwd-gone", RejectionCode::CwdMissing.as_str(), Some(&b1), t0);
+    expect_rejected_run(&env, "cwd-gone", RejectionCode::CwdMissing.as_str());
+    expect_rejected(&env, "step-cwd-gone", RejectionCode::CwdMissing.as_str(), Some(&b2), t0);
+    expect_rejected_run(&env, "step-cwd-gone", RejectionCode::CwdMissing.as_str());
+    expect_rejected(&env, "cwd-is-file", RejectionCode::CwdMissing.as_str(), Some(&b3), t0);
+    expect_rejected(&env, "no-provider", RejectionCode::UnknownProvider.as_str(), Some(&b4), t0);
+    expect_rejected_run(&env, "no-provider", RejectionCode::UnknownProvider.as_str());
     let r = env.result("cwd-gone").expect("a rejected run publishes a result");
     assert_eq!(r["state"], "rejected");
     assert_eq!(r["success"], json!(false));
@@ -464,7 +468,7 @@ fn rejected_name_collision_gets_suffix() {
     let mut v2 = valid(&env, "collide-run");
     v2["version"] = json!(2);
     let first = env.drop_request("collide", &v2);
-    expect_rejected(&env, "collide", "unsupported-version", Some(&first), t0);
+    expect_rejected(&env, "collide", RejectionCode::UnsupportedVersion.as_str(), Some(&first), t0);
     let second = b"not json at all".to_vec();
     let tmp = env.spool().join(".tmp-collide");
     write_file_mode(&tmp, &second, 0o600);
@@ -472,10 +476,14 @@ fn rejected_name_collision_gets_suffix() {
     fs::rename(&tmp, env.spool().join("collide.json")).unwrap();
     wait_until(LONG, "second entry rejected as collide-1.json", || env.rejected().join("collide-1.json").exists());
     assert_eq!(file_bytes(&env.rejected().join("collide.json")), first, "first rejected entry untouched");
-    assert_eq!(env.wait_rejection("collide")["code"], "unsupported-version", "first reason untouched");
+    assert_eq!(
+        env.wait_rejection("collide")["code"],
+        RejectionCode::UnsupportedVersion.as_str(),
+        "first reason untouched"
+    );
     assert_eq!(file_bytes(&env.rejected().join("collide-1.json")), second);
     let e = env.wait_rejection("collide-1");
-    assert_eq!(e["code"], "invalid-json");
+    assert_eq!(e["code"], RejectionCode::InvalidJson.as_str());
     assert!(env.pending_spool().is_empty());
     env.check_consistency();
 }
@@ -554,7 +562,7 @@ fn garbage_does_not_stop_valid_requests() {
     for i in 0..10 {
         let st = env.wait_terminal(&format!("mix-ok-{i}"));
         assert_eq!(st["exitCode"], json!(i % 3), "{st}");
-        expect_rejected(&env, &format!("mix-bad-{i}"), "invalid-field", None, t0);
+        expect_rejected(&env, &format!("mix-bad-{i}"), RejectionCode::InvalidField.as_str(), None, t0);
     }
     let _ = Path::new("/");
     env.check_consistency();
@@ -570,7 +578,12 @@ fn hard_linked_request_is_not_claimed() {
     fs::hard_link(&outside, env.spool().join("hard-linked.json")).unwrap();
     let e = env.wait_rejection("hard-linked");
     assert!(
-        ["not-regular-file", "bad-permissions", "bad-owner"].contains(&e["code"].as_str().unwrap_or("")),
+        [
+            RejectionCode::NotRegularFile.as_str(),
+            RejectionCode::BadPermissions.as_str(),
+            RejectionCode::BadOwner.as_str()
+        ]
+        .contains(&e["code"].as_str().unwrap_or("")),
         "a request with two links is refused: {e}"
     );
     assert!(!env.run_dir("hard-linked").exists() || env.state("hard-linked").as_deref() == Some("rejected"));

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -175,14 +176,14 @@ fn files_planted_by_other_users_never_run() {
     fs::rename(&link, env.spool().join("nobody-link.json")).unwrap();
 
     for (name, code) in [
-        ("by-root", "bad-owner"),
-        ("by-root-readable", "bad-owner"),
-        ("by-nobody", "bad-owner"),
-        ("own-group-writable", "bad-permissions"),
-        ("nobody-link", "not-regular-file"),
+        ("by-root", RejectionCode::BadOwner.as_str()),
+        ("by-root-readable", RejectionCode::BadOwner.as_str()),
+        ("by-nobody", RejectionCode::BadOwner.as_str()),
+        ("own-group-writable", RejectionCode::BadPermissions.as_str()),
+        ("nobody-link", RejectionCode::NotRegularFile.as_str()),
     ] {
         let e = u.expect(name, code);
-        if code == "bad-owner" {
+        if code == RejectionCode::BadOwner.as_str() {
             assert!(
                 e["message"].as_str().unwrap().contains(&u.uid.to_string()),
                 "{name}: message names the daemon's uid: {e}"
@@ -222,7 +223,7 @@ fn files_planted_by_other_users_never_run() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(spool.join("nobody-dropped.json").exists(), "nothing is claimed from a loosened spool");
     fs::set_permissions(&spool, fs::Permissions::from_mode(0o700)).unwrap();
-    u.expect("nobody-dropped", "bad-owner");
+    u.expect("nobody-dropped", RejectionCode::BadOwner.as_str());
 
     // The daemon still serves its user, and the only steps that ran are the user's.
     u.plant("own-after", &u.body("own-after"), u.uid, 0o600);

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use runspool::protocol::request::RejectionCode;
 use serde_json::{json, Value};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -132,7 +133,7 @@ fn stage_requests(env: &TestEnv, stage: &Path, prefix: &str, n: usize) -> Vec<(S
             3 => {
                 let mut r = request(None, &env.work, vec![sh_step("a", "true")]);
                 r["bogusField"] = json!(1);
-                (r, Want::Reject("invalid-field"))
+                (r, Want::Reject(RejectionCode::InvalidField.as_str()))
             }
             _ => (
                 request(

@@ -144,7 +144,7 @@ fn filesystem_check(layout: &Layout, cfg: Option<&Config>) -> Check {
     let choice = crate::daemon::watch::choose(
         std::env::consts::OS,
         fs.as_deref(),
-        cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto"),
+        crate::daemon::watch::Strategy::from_config(cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto")),
     );
     check(
         "filesystem",

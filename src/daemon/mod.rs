@@ -202,9 +202,13 @@ impl Daemon {
         }
         crate::store::safety::check_layout(&layout)?;
         let lock = take_daemon_lock(&layout)?;
-        let watch =
-            Watch::start(&layout, tx.clone(), &cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
-                .map_err(StartError::Config)?;
+        let watch = Watch::start(
+            &layout,
+            tx.clone(),
+            watch::Strategy::from_config(&cfg.watch.strategy),
+            Duration::from_millis(cfg.watch.poll_interval_ms),
+        )
+        .map_err(StartError::Config)?;
         let pid = std::process::id();
         let now = crate::now_ms();
         let report = DaemonStatus {
@@ -302,7 +306,7 @@ impl Daemon {
         d.write_report(true);
         retention::sweep(&d.layout, d.cfg.retention_days);
         tracing::info!(
-            root = %d.layout.root.display(), watch = d.watch.choice.backend,
+            root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
             queued = d.queue.len(), running = d.running.len(), runner = %d.runner.path.display(), "runspool daemon started"
         );
         Ok(d)
@@ -672,7 +676,7 @@ impl Daemon {
         self.poll_queued_inboxes();
         let held = &self.dead_runners;
         let bridged = self.running.keys().filter(|id| !held.holds(id)).chain(self.foreign.iter());
-        self.bridge.turn(&self.layout, bridged, &mut self.watch);
+        self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.write_report(false);
         // Back after a release once there is room again (tried every 10 s).
@@ -868,7 +872,7 @@ impl Daemon {
                     &self.layout,
                     &e.path(),
                     &lossy.replace('\u{FFFD}', "_"),
-                    &crate::protocol::request::Rejection::new("bad-name", "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}"),
+                    &crate::protocol::request::Rejection::new(crate::protocol::request::RejectionCode::BadName, "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}"),
                     None,
                 );
                 continue;
@@ -1235,7 +1239,7 @@ impl Daemon {
     fn write_report(&mut self, force: bool) {
         let mut r = self.report.clone();
         r.last_rescan_at = self.last_rescan_at;
-        if r.watch.backend != self.watch.choice.backend {
+        if r.watch.backend != self.watch.choice.backend.as_str() {
             r.watch.inotify = crate::platform::inotify_usage();
         }
         r.watch.strategy = self.watch.strategy_name().into();

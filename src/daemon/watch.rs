@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
+use crate::store::layout::{RunPaths, BRIDGE_REQUESTS, CONTROL_DIR, STOP_REQUESTS_DIR};
 use crate::store::Layout;
 
 #[derive(Debug)]
@@ -37,27 +38,89 @@ pub enum Hint {
     BridgeDone { run_id: String, id: String, retry: bool },
 }
 
+/// How to watch: `watch.strategy` of the config (`Auto`, `Native`,
+/// `Poll`), and the strategy a `Choice` settled on (`Native` or `Poll`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
+    Auto,
     Native,
     Poll,
+}
+
+impl Strategy {
+    /// `watch.strategy` as config.rs keeps it (it refuses anything but
+    /// auto, native and poll; anything else counts as auto).
+    pub fn from_config(s: &str) -> Strategy {
+        match s {
+            "native" => Strategy::Native,
+            "poll" => Strategy::Poll,
+            _ => Strategy::Auto,
+        }
+    }
+
+    /// The name in the config and in daemon.json's `watch.strategy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Auto => "auto",
+            Strategy::Native => "native",
+            Strategy::Poll => "poll",
+        }
+    }
+}
+
+/// The watcher behind the chosen strategy, as daemon.json's `watch.backend`
+/// names it: a platform's native events, or polling (notify's `PollWatcher`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Inotify,
+    FsEvents,
+    Kqueue,
+    /// Native events of a platform without a name of its own here.
+    Native,
+    Poll,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Inotify => "inotify",
+            Backend::FsEvents => "fsevents",
+            Backend::Kqueue => "kqueue",
+            Backend::Native => "native",
+            Backend::Poll => "poll",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// daemon.json keeps the backend as a string.
+impl From<Backend> for String {
+    fn from(b: Backend) -> String {
+        b.as_str().to_string()
+    }
 }
 
 /// The outcome of the strategy choice, as shown in daemon.json.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
+    /// `Native` or `Poll`, never `Auto`.
     pub strategy: Strategy,
-    pub backend: &'static str,
+    pub backend: Backend,
     pub reason: String,
 }
 
 /// The native backend of a platform (`std::env::consts::OS` names).
-pub fn native_backend(os: &str) -> &'static str {
+pub fn native_backend(os: &str) -> Backend {
     match os {
-        "linux" | "android" => "inotify",
-        "macos" | "ios" => "fsevents",
-        "freebsd" | "openbsd" | "netbsd" | "dragonfly" => "kqueue",
-        _ => "native",
+        "linux" | "android" => Backend::Inotify,
+        "macos" | "ios" => Backend::FsEvents,
+        "freebsd" | "openbsd" | "netbsd" | "dragonfly" => Backend::Kqueue,
+        _ => Backend::Native,
     }
 }
 
@@ -93,13 +156,13 @@ pub fn is_remote_fs(fs: &str) -> bool {
 
 /// Choose the watch strategy. `fs` is the filesystem type name under the
 /// watched root (`None` if unknown); `config` is `watch.strategy`.
-pub fn choose(os: &str, fs: Option<&str>, config: &str) -> Choice {
+pub fn choose(os: &str, fs: Option<&str>, config: Strategy) -> Choice {
     let backend = native_backend(os);
-    let poll = |reason: String| Choice { strategy: Strategy::Poll, backend: "poll", reason };
+    let poll = |reason: String| Choice { strategy: Strategy::Poll, backend: Backend::Poll, reason };
     match config {
-        "poll" => poll("watch.strategy = \"poll\" in the config".into()),
-        "native" => Choice { strategy: Strategy::Native, backend, reason: "watch.strategy = \"native\" in the config".into() },
-        _ => match fs {
+        Strategy::Poll => poll("watch.strategy = \"poll\" in the config".into()),
+        Strategy::Native => Choice { strategy: Strategy::Native, backend, reason: "watch.strategy = \"native\" in the config".into() },
+        Strategy::Auto => match fs {
             Some(f) if is_remote_fs(f) => poll(format!(
                 "the root is on {f}, a network or FUSE filesystem whose changes made elsewhere raise no {backend} events"
             )),
@@ -151,22 +214,23 @@ pub fn fs_type(path: &Path) -> Option<String> {
     }
 }
 
-enum Backend {
+/// The running watcher of the chosen backend.
+enum Active {
     Native(notify::RecommendedWatcher),
     Poll(notify::PollWatcher),
 }
 
-impl Backend {
+impl Active {
     fn watcher(&mut self) -> &mut dyn Watcher {
         match self {
-            Backend::Native(w) => w,
-            Backend::Poll(w) => w,
+            Active::Native(w) => w,
+            Active::Poll(w) => w,
         }
     }
 }
 
 pub struct Watch {
-    backend: Backend,
+    backend: Active,
     pub choice: Choice,
     /// Every directory we watch besides the spool, re-added on replacement.
     dirs: BTreeSet<PathBuf>,
@@ -178,13 +242,18 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn start(layout: &Layout, tx: Sender<Hint>, config: &str, poll_interval: Duration) -> Result<Watch, String> {
+    pub fn start(
+        layout: &Layout,
+        tx: Sender<Hint>,
+        config: Strategy,
+        poll_interval: Duration,
+    ) -> Result<Watch, String> {
         let fs = fs_type(&layout.spool());
         let choice = choose(std::env::consts::OS, fs.as_deref(), config);
         let backend = match choice.strategy {
             Strategy::Native => match native(layout, tx.clone()) {
                 Ok(b) => b,
-                Err(e) if config == "native" => {
+                Err(e) if config == Strategy::Native => {
                     return Err(format!(
                         "watch.strategy = \"native\" but {} could not start: {e}; raise the limits (sysctl fs.inotify.max_user_instances and fs.inotify.max_user_watches) or set watch.strategy = \"auto\"",
                         choice.backend
@@ -193,17 +262,19 @@ impl Watch {
                 Err(e) => {
                     tracing::warn!(error = %e, "native file events unavailable; polling instead");
                     let b = poll(layout, tx.clone(), poll_interval).map_err(|e| format!("polling could not start either: {e}"))?;
-                    let choice = Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("{} failed to start: {}", choice.backend, describe(&e)) };
+                    let choice = Choice { strategy: Strategy::Poll, backend: Backend::Poll, reason: format!("{} failed to start: {}", choice.backend, describe(&e)) };
                     return Ok(Watch::new(layout, tx, b, choice, poll_interval));
                 }
             },
-            Strategy::Poll => poll(layout, tx.clone(), poll_interval).map_err(|e| format!("polling could not start: {e}"))?,
+            Strategy::Poll | Strategy::Auto => {
+                poll(layout, tx.clone(), poll_interval).map_err(|e| format!("polling could not start: {e}"))?
+            }
         };
         Ok(Watch::new(layout, tx, backend, choice, poll_interval))
     }
 
-    fn new(layout: &Layout, tx: Sender<Hint>, backend: Backend, choice: Choice, poll_interval: Duration) -> Watch {
-        tracing::info!(strategy = ?choice.strategy, backend = choice.backend, reason = %choice.reason, "watching the spool");
+    fn new(layout: &Layout, tx: Sender<Hint>, backend: Active, choice: Choice, poll_interval: Duration) -> Watch {
+        tracing::info!(strategy = ?choice.strategy, backend = choice.backend.as_str(), reason = %choice.reason, "watching the spool");
         Watch {
             backend,
             choice,
@@ -217,16 +288,13 @@ impl Watch {
     }
 
     pub fn is_native(&self) -> bool {
-        matches!(self.backend, Backend::Native(_))
+        matches!(self.backend, Active::Native(_))
     }
 
     /// How often the loop must rescan by itself: the configured rescan
     /// interval natively; polling is done by the PollWatcher.
     pub fn strategy_name(&self) -> &'static str {
-        match self.choice.strategy {
-            Strategy::Native => "native",
-            Strategy::Poll => "poll",
-        }
+        self.choice.strategy.as_str()
     }
 
     /// Watch one more directory (non-recursively). Errors are logged: the
@@ -248,15 +316,15 @@ impl Watch {
     /// Watch a queued run's control inbox: `control/` and 0.67's
     /// `control/stop-requests/` (the caller creates both).
     pub fn watch_control(&mut self, run_id: &str) {
-        let d = self.layout.run_dir(run_id).join("control");
-        self.add(&d);
-        self.add(&d.join("stop-requests"));
+        let dir = self.layout.run_dir(run_id);
+        self.add(&RunPaths::control(&dir));
+        self.add(&RunPaths::stop_requests(&dir));
     }
 
     pub fn unwatch_control(&mut self, run_id: &str) {
-        let d = self.layout.run_dir(run_id).join("control");
-        self.remove(&d.join("stop-requests"));
-        self.remove(&d);
+        let dir = self.layout.run_dir(run_id);
+        self.remove(&RunPaths::stop_requests(&dir));
+        self.remove(&RunPaths::control(&dir));
     }
 
     /// Has the spool directory been replaced (removed and created again)
@@ -279,7 +347,7 @@ impl Watch {
                     None,
                     Choice {
                         strategy: Strategy::Poll,
-                        backend: "poll",
+                        backend: Backend::Poll,
                         reason: format!("{} failed again: {}", self.choice.backend, describe(&e)),
                     },
                 ),
@@ -287,7 +355,11 @@ impl Watch {
         } else {
             (
                 None,
-                Choice { strategy: Strategy::Poll, backend: "poll", reason: format!("native watching failed: {why}") },
+                Choice {
+                    strategy: Strategy::Poll,
+                    backend: Backend::Poll,
+                    reason: format!("native watching failed: {why}"),
+                },
             )
         };
         let backend = match backend {
@@ -300,7 +372,7 @@ impl Watch {
                 }
             },
         };
-        tracing::warn!(reason = why, backend = choice.backend, "replaced the file watcher");
+        tracing::warn!(reason = why, backend = choice.backend.as_str(), "replaced the file watcher");
         self.backend = backend;
         self.choice = choice;
         self.spool_identity = identity(&self.layout.spool());
@@ -361,17 +433,17 @@ fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
     }
 }
 
-fn native(layout: &Layout, tx: Sender<Hint>) -> notify::Result<Backend> {
+fn native(layout: &Layout, tx: Sender<Hint>) -> notify::Result<Active> {
     let mut w = notify::RecommendedWatcher::new(handler(layout, tx), notify::Config::default())?;
     w.watch(&layout.spool(), RecursiveMode::NonRecursive)?;
-    Ok(Backend::Native(w))
+    Ok(Active::Native(w))
 }
 
-fn poll(layout: &Layout, tx: Sender<Hint>, interval: Duration) -> notify::Result<Backend> {
+fn poll(layout: &Layout, tx: Sender<Hint>, interval: Duration) -> notify::Result<Active> {
     let cfg = notify::Config::default().with_poll_interval(interval).with_compare_contents(false);
     let mut w = notify::PollWatcher::new(handler(layout, tx), cfg)?;
     w.watch(&layout.spool(), RecursiveMode::NonRecursive)?;
-    Ok(Backend::Poll(w))
+    Ok(Active::Poll(w))
 }
 
 fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
@@ -384,7 +456,7 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         let name = p.file_name()?.to_string_lossy();
         return (!name.starts_with('.')).then_some(Hint::Spool);
     }
-    if parent.file_name()? == "external-job-requests" {
+    if parent.file_name()? == BRIDGE_REQUESTS {
         let run_dir = parent.parent()?;
         let name = p.file_name()?.to_string_lossy();
         if run_dir.parent()? == runs && !name.starts_with('.') && name.ends_with(".json") {
@@ -393,8 +465,8 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         return None;
     }
     // control/ itself, or 0.67's control/stop-requests/.
-    let control = if parent.file_name()? == "stop-requests" { parent.parent()? } else { parent };
-    if control.file_name()? == "control" {
+    let control = if parent.file_name()? == STOP_REQUESTS_DIR { parent.parent()? } else { parent };
+    if control.file_name()? == CONTROL_DIR {
         let run_dir: PathBuf = control.parent()?.to_path_buf();
         if run_dir.parent()? == runs {
             return Some(Hint::Control(run_dir.file_name()?.to_string_lossy().into_owned()));
@@ -409,26 +481,26 @@ mod tests {
 
     #[test]
     fn native_per_platform() {
-        assert_eq!(choose("linux", Some("ext4"), "auto").backend, "inotify");
-        assert_eq!(choose("macos", Some("apfs"), "auto").backend, "fsevents");
-        assert_eq!(choose("freebsd", Some("ufs"), "auto").backend, "kqueue");
-        assert_eq!(choose("linux", None, "auto").strategy, Strategy::Native);
+        assert_eq!(choose("linux", Some("ext4"), Strategy::Auto).backend, Backend::Inotify);
+        assert_eq!(choose("macos", Some("apfs"), Strategy::Auto).backend, Backend::FsEvents);
+        assert_eq!(choose("freebsd", Some("ufs"), Strategy::Auto).backend, Backend::Kqueue);
+        assert_eq!(choose("linux", None, Strategy::Auto).strategy, Strategy::Native);
     }
 
     #[test]
     fn network_and_fuse_poll() {
         for fs in ["nfs", "cifs", "smb2", "fuse", "fuse.bindfs", "9p", "afs", "ceph", "macfuse"] {
-            let c = choose("linux", Some(fs), "auto");
+            let c = choose("linux", Some(fs), Strategy::Auto);
             assert_eq!(c.strategy, Strategy::Poll, "{fs}");
             assert!(c.reason.contains(fs), "{}", c.reason);
         }
-        assert_eq!(choose("linux", Some("tmpfs"), "auto").strategy, Strategy::Native);
+        assert_eq!(choose("linux", Some("tmpfs"), Strategy::Auto).strategy, Strategy::Native);
     }
 
     #[test]
     fn config_wins() {
-        assert_eq!(choose("linux", Some("ext4"), "poll").strategy, Strategy::Poll);
-        assert_eq!(choose("linux", Some("nfs"), "native").strategy, Strategy::Native);
+        assert_eq!(choose("linux", Some("ext4"), Strategy::Poll).strategy, Strategy::Poll);
+        assert_eq!(choose("linux", Some("nfs"), Strategy::Native).strategy, Strategy::Native);
     }
 
     #[test]

@@ -14,15 +14,87 @@ pub const MAX_STEPS: usize = 256;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30 * 60 * 1000;
 pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 
+/// The rejection codes of PROTOCOL §2.3, written as `code` in
+/// `spool/rejected/<name>.error.json` and in a rejected run's `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectionCode {
+    BadName,
+    NotRegularFile,
+    BadOwner,
+    BadPermissions,
+    TooLarge,
+    InvalidJson,
+    UnsupportedVersion,
+    InvalidField,
+    DuplicateRunId,
+    CwdMissing,
+    UnknownProvider,
+    /// A pending request withdrawn by its client (`runspool stop`).
+    Withdrawn,
+}
+
+impl RejectionCode {
+    /// Every code, in PROTOCOL §2.3's order (`Withdrawn`, a client's act, last).
+    pub const ALL: [RejectionCode; 12] = [
+        RejectionCode::BadName,
+        RejectionCode::NotRegularFile,
+        RejectionCode::BadOwner,
+        RejectionCode::BadPermissions,
+        RejectionCode::TooLarge,
+        RejectionCode::InvalidJson,
+        RejectionCode::UnsupportedVersion,
+        RejectionCode::InvalidField,
+        RejectionCode::DuplicateRunId,
+        RejectionCode::CwdMissing,
+        RejectionCode::UnknownProvider,
+        RejectionCode::Withdrawn,
+    ];
+
+    /// The code as written on disk.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RejectionCode::BadName => "bad-name",
+            RejectionCode::NotRegularFile => "not-regular-file",
+            RejectionCode::BadOwner => "bad-owner",
+            RejectionCode::BadPermissions => "bad-permissions",
+            RejectionCode::TooLarge => "too-large",
+            RejectionCode::InvalidJson => "invalid-json",
+            RejectionCode::UnsupportedVersion => "unsupported-version",
+            RejectionCode::InvalidField => "invalid-field",
+            RejectionCode::DuplicateRunId => "duplicate-run-id",
+            RejectionCode::CwdMissing => "cwd-missing",
+            RejectionCode::UnknownProvider => "unknown-provider",
+            RejectionCode::Withdrawn => "withdrawn",
+        }
+    }
+
+    /// The code spelled `s` on disk, if it is one.
+    pub fn parse(s: &str) -> Option<RejectionCode> {
+        RejectionCode::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for RejectionCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for RejectionCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// A rejection code and a message naming the field and the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    pub code: &'static str,
+    pub code: RejectionCode,
     pub message: String,
 }
 
 impl Rejection {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: RejectionCode, message: impl Into<String>) -> Self {
         Rejection { code, message: message.into() }
     }
 }
@@ -222,30 +294,46 @@ pub trait Context {
 /// caller can apply the 2-second grace for writers still at work.
 pub fn parse(bytes: &[u8]) -> Result<Value, Rejection> {
     serde_json::from_slice::<Value>(bytes).map_err(|e| {
-        Rejection::new("invalid-json", format!("the file is not valid JSON: {e}; rewrite it as one JSON object"))
+        Rejection::new(
+            RejectionCode::InvalidJson,
+            format!("the file is not valid JSON: {e}; rewrite it as one JSON object"),
+        )
     })
 }
 
 /// Full validation of a parsed request (PROTOCOL §2.2).
 pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request, Rejection> {
-    let obj = value.as_object().ok_or_else(|| Rejection::new("invalid-field", "the request must be a JSON object"))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| Rejection::new(RejectionCode::InvalidField, "the request must be a JSON object"))?;
     match obj.get("version") {
         Some(Value::Number(n)) if n.as_u64() == Some(1) => {}
         Some(v) => {
             return Err(Rejection::new(
-                "unsupported-version",
+                RejectionCode::UnsupportedVersion,
                 format!("field `version` is {v}; this daemon speaks protocol version 1: set \"version\": 1"),
             ))
         }
-        None => return Err(Rejection::new("unsupported-version", "field `version` is missing; add \"version\": 1")),
+        None => {
+            return Err(Rejection::new(
+                RejectionCode::UnsupportedVersion,
+                "field `version` is missing; add \"version\": 1",
+            ))
+        }
     }
     if let Some(path) = find_nul(value, "") {
-        return Err(Rejection::new("invalid-field", format!("field `{path}` contains a NUL character; remove it")));
+        return Err(Rejection::new(
+            RejectionCode::InvalidField,
+            format!("field `{path}` contains a NUL character; remove it"),
+        ));
     }
     // serde keeps the last of duplicate keys inside `steps` and `options`
     // (they pass through `Value`), so duplicates are refused everywhere first.
     if let Some(path) = find_duplicate_key(raw) {
-        return Err(Rejection::new("invalid-field", format!("field `{path}` appears twice; give each key once")));
+        return Err(Rejection::new(
+            RejectionCode::InvalidField,
+            format!("field `{path}` appears twice; give each key once"),
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(raw);
     let req: Request = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -253,9 +341,9 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
         let inner = e.into_inner();
         let msg = strip_position(&inner.to_string());
         if path == "." || path.is_empty() {
-            Rejection::new("invalid-field", format!("{msg}; see PROTOCOL §2.2 for the request fields"))
+            Rejection::new(RejectionCode::InvalidField, format!("{msg}; see PROTOCOL §2.2 for the request fields"))
         } else {
-            Rejection::new("invalid-field", format!("field `{path}`: {msg}"))
+            Rejection::new(RejectionCode::InvalidField, format!("field `{path}`: {msg}"))
         }
     })?;
     check(&req, ctx)?;
@@ -351,7 +439,7 @@ fn find_nul(v: &Value, path: &str) -> Option<String> {
 }
 
 fn field(msg: String) -> Rejection {
-    Rejection::new("invalid-field", msg)
+    Rejection::new(RejectionCode::InvalidField, msg)
 }
 
 fn check_len(name: &str, v: &Option<String>, max: usize) -> Result<(), Rejection> {
@@ -396,7 +484,7 @@ fn check_cwd(name: &str, cwd: &str, ctx: &dyn Context) -> Result<(), Rejection> 
     }
     if !ctx.is_dir(cwd) {
         return Err(Rejection::new(
-            "cwd-missing",
+            RejectionCode::CwdMissing,
             format!("field `{name}`: `{cwd}` is not an existing directory; create it or fix the path"),
         ));
     }
@@ -423,7 +511,7 @@ fn check_step(path: &str, s: &Step, ctx: &dyn Context) -> Result<(), Rejection> 
         (None, Some(j)) => {
             if !ctx.provider_configured(&j.provider) {
                 return Err(Rejection::new(
-                    "unknown-provider",
+                    RejectionCode::UnknownProvider,
                     format!(
                         "field `{path}.externalJob.provider` names `{}`, which is not configured; add [providers.{}] to the daemon's config",
                         j.provider, j.provider
@@ -510,7 +598,7 @@ mod tests {
         validate(s.as_bytes(), &val, &Ctx)
     }
     fn code(s: &str) -> &'static str {
-        v(s).unwrap_err().code
+        v(s).unwrap_err().code.as_str()
     }
 
     #[test]
@@ -525,6 +613,33 @@ mod tests {
         assert_eq!(r.flat_steps().len(), 2);
         let r = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"]},{"command":["b"]}]}"#).unwrap();
         assert_eq!(r.mode(), Mode::Chain);
+    }
+
+    #[test]
+    fn codes_are_spelled_as_protocol_2_3_writes_them() {
+        let spelled: Vec<&str> = RejectionCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            spelled,
+            [
+                "bad-name",
+                "not-regular-file",
+                "bad-owner",
+                "bad-permissions",
+                "too-large",
+                "invalid-json",
+                "unsupported-version",
+                "invalid-field",
+                "duplicate-run-id",
+                "cwd-missing",
+                "unknown-provider",
+                "withdrawn",
+            ]
+        );
+        for c in RejectionCode::ALL {
+            assert_eq!(RejectionCode::parse(c.as_str()), Some(c));
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+        assert_eq!(RejectionCode::parse("no-such-code"), None);
     }
 
     #[test]

@@ -330,7 +330,7 @@ impl Context for RunTime {
 
 fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
     if raw.len() as u64 > MAX_REQUEST_BYTES {
-        return Err(Rejection::new("too-large", format!("it is over {MAX_REQUEST_BYTES} bytes")));
+        return Err(Rejection::new(request::RejectionCode::TooLarge, format!("it is over {MAX_REQUEST_BYTES} bytes")));
     }
     request::parse(raw).and_then(|v| request::validate(raw, &v, &RunTime))
 }

@@ -74,6 +74,24 @@ impl Layout {
         self.root.join("runspool/daemon.json")
     }
 
+    /// `spool/rejected/<name>`: a rejected entry, or its error file.
+    pub fn rejected_entry(&self, name: &str) -> PathBuf {
+        self.rejected().join(name)
+    }
+
+    /// `spool/rejected/<stem>.error.json`, the error file of the entry
+    /// `<stem>.json` (a name over 255 bytes gets a hashed one, see spool's
+    /// `rejected_names`).
+    pub fn rejected_error_file(&self, stem: &str) -> PathBuf {
+        self.rejected().join(format!("{stem}{ERROR_FILE_SUFFIX}"))
+    }
+
+    /// A directory a `rejected` run is built in before it is renamed into
+    /// place (`REJECTED_STAGING_PREFIX`, the builder's pid, a unique tail).
+    pub fn rejected_run_staging(&self, pid: u32, unique: &str) -> PathBuf {
+        self.runs().join(format!("{REJECTED_STAGING_PREFIX}{pid}-{unique}"))
+    }
+
     /// Directories the daemon creates (0700) in this order.
     pub fn dirs(&self) -> Vec<PathBuf> {
         vec![
@@ -88,6 +106,29 @@ impl Layout {
         ]
     }
 }
+
+/// Name suffix of a rejection's error file in spool/rejected/ (PROTOCOL §2.3).
+pub const ERROR_FILE_SUFFIX: &str = ".error.json";
+
+/// Name prefix of the directories a `rejected` run is built in before it is
+/// renamed into place; leftovers are removed at start (retention's sweep).
+pub const REJECTED_STAGING_PREFIX: &str = ".rejected-run-";
+
+/// A run's bridge directories (PROTOCOL §8.2).
+pub const BRIDGE_REQUESTS: &str = "external-job-requests";
+pub const BRIDGE_RESPONSES: &str = "external-job-responses";
+/// `<id>.claim`: a committed start claim in `external-job-requests/`.
+pub const CLAIM_SUFFIX: &str = ".claim";
+/// `<id>.claim.tmp-<uuid>`: a start claim being built.
+pub const CLAIM_TMP_INFIX: &str = ".claim.tmp-";
+
+/// The control inbox of a run, and pi-subagents 0.67's stop inbox in it (PROTOCOL §9).
+pub const CONTROL_DIR: &str = "control";
+pub const STOP_REQUESTS_DIR: &str = "stop-requests";
+/// The files of the control inbox `control/` (PROTOCOL §9).
+pub const CONTROL_STOP: &str = "stop.json";
+pub const CONTROL_TIMEOUT: &str = "timeout.json";
+pub const CONTROL_INTERRUPT: &str = "interrupt.json";
 
 /// Files of one run directory (PROTOCOL §3).
 pub struct RunPaths;
@@ -108,13 +149,68 @@ impl RunPaths {
         d.join("runner.lock")
     }
     pub fn control(d: &Path) -> PathBuf {
-        d.join("control")
+        d.join(CONTROL_DIR)
     }
     /// pi-subagents 0.67's stop inbox: `control/stop-requests/<ts>-<uuid>.json`.
     pub fn stop_requests(d: &Path) -> PathBuf {
-        d.join("control").join("stop-requests")
+        d.join(CONTROL_DIR).join(STOP_REQUESTS_DIR)
     }
     pub fn output(d: &Path, i: usize) -> PathBuf {
         d.join(format!("output-{i}.log"))
+    }
+    /// The runner's own stdout and stderr.
+    pub fn runner_stdout_log(d: &Path) -> PathBuf {
+        d.join("runner.stdout.log")
+    }
+    pub fn runner_stderr_log(d: &Path) -> PathBuf {
+        d.join("runner.stderr.log")
+    }
+    /// `control/<name>`, `name` one of `CONTROL_STOP`, `CONTROL_TIMEOUT`, `CONTROL_INTERRUPT`.
+    pub fn control_file(d: &Path, name: &str) -> PathBuf {
+        d.join(CONTROL_DIR).join(name)
+    }
+    pub fn bridge_requests(d: &Path) -> PathBuf {
+        d.join(BRIDGE_REQUESTS)
+    }
+    pub fn bridge_responses(d: &Path) -> PathBuf {
+        d.join(BRIDGE_RESPONSES)
+    }
+    /// `external-job-requests/<id>.json`.
+    pub fn bridge_request(d: &Path, id: &str) -> PathBuf {
+        d.join(BRIDGE_REQUESTS).join(format!("{id}.json"))
+    }
+    /// `external-job-responses/<id>.json`.
+    pub fn bridge_response(d: &Path, id: &str) -> PathBuf {
+        d.join(BRIDGE_RESPONSES).join(format!("{id}.json"))
+    }
+    /// `external-job-requests/<id>.claim/`, the committed start claim of request `id`.
+    pub fn bridge_claim(d: &Path, id: &str) -> PathBuf {
+        d.join(BRIDGE_REQUESTS).join(format!("{id}{CLAIM_SUFFIX}"))
+    }
+    /// `external-job-requests/<id>.claim.tmp-<unique>/`, a claim being built.
+    pub fn bridge_claim_tmp(d: &Path, id: &str, unique: &str) -> PathBuf {
+        d.join(BRIDGE_REQUESTS).join(format!("{id}{CLAIM_TMP_INFIX}{unique}"))
+    }
+}
+
+/// Files of a start claim directory `external-job-requests/<id>.claim/`
+/// (or of one being built), PROTOCOL §8.2.
+pub struct ClaimPaths;
+impl ClaimPaths {
+    /// Who holds the claim (`ClaimOwner`), written before the commit.
+    pub fn owner(claim: &Path) -> PathBuf {
+        claim.join("owner.json")
+    }
+    /// The claimed request, copied before the commit.
+    pub fn request(claim: &Path) -> PathBuf {
+        claim.join("request.json")
+    }
+    /// The job handle, durable before the response is written.
+    pub fn handle(claim: &Path) -> PathBuf {
+        claim.join("handle.json")
+    }
+    /// The tombstone: the claim is finished, never dispatched again.
+    pub fn completed(claim: &Path) -> PathBuf {
+        claim.join("completed.json")
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::fsutil::{is_capacity, write_atomic};
 
@@ -51,6 +52,27 @@ impl Writer {
                 Ok(())
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// For a thread off the daemon's loop that cannot go on before `path` is
+    /// on disk (a bridge worker saving a job handle before its response):
+    /// write atomically, waiting out capacity errors `pause` at a time on
+    /// this thread; the payload is kept meanwhile. Other errors are returned.
+    /// Never call it on the loop: there, `write` defers instead.
+    pub fn write_waiting(&mut self, path: &Path, bytes: &[u8], durable: bool, pause: Duration) -> io::Result<()> {
+        loop {
+            match write_atomic(path, bytes, durable) {
+                Ok(()) => {
+                    self.outside_ok();
+                    return Ok(());
+                }
+                Err(e) if is_capacity(&e) => {
+                    self.note_capacity(path, &e);
+                    std::thread::sleep(pause);
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -173,6 +195,18 @@ mod tests {
         w.outside_ok();
         assert_eq!(w.last_error, None);
         assert_eq!(w.degraded_since, None);
+    }
+
+    #[test]
+    fn a_waiting_write_lands_and_leaves_the_writer_healthy() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.json");
+        let mut w = Writer::new();
+        w.write_waiting(&p, b"{}", false, Duration::from_millis(1)).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        assert!(w.is_idle() && w.last_error.is_none());
+        // Not a capacity error (no such directory): returned, not waited out.
+        assert!(w.write_waiting(&d.path().join("no/a.json"), b"{}", false, Duration::from_millis(1)).is_err());
     }
 
     #[test]

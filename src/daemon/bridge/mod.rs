@@ -1,0 +1,504 @@
+//! Servicing the external-job bridge (PROTOCOL §8.2) for every active run.
+//!
+//! The loop only looks at files and claims; every provider operation runs on
+//! its own worker thread with its time limit and reports back through the
+//! loop's channel (`Hint::BridgeDone`). A start is claimed by renaming a
+//! complete `<id>.claim.tmp-<uuid>/` to `<id>.claim`; its `handle.json` is
+//! saved before the response and `completed.json` is kept as a tombstone, so
+//! no crash or restart ever dispatches the same start twice.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::watch::{Hint, Watch};
+use crate::config::Config;
+use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
+use crate::providers::{self, Provider, Providers};
+use crate::store::fsutil::{self};
+use crate::store::layout::{ClaimPaths, RunPaths, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
+use crate::store::{Layout, Writer};
+
+pub use crate::store::layout::{BRIDGE_REQUESTS as REQUESTS, BRIDGE_RESPONSES as RESPONSES};
+/// Request entries taken per run per sweep (§8.2); finished claims are not counted.
+pub const PER_SWEEP: usize = 100;
+/// Provider operations in flight at once, over all runs; more wait in their files.
+const MAX_INFLIGHT: usize = 128;
+/// A request file that does not parse may still be a writer's work in progress.
+const WRITE_GRACE_MS: i64 = 2000;
+/// Every active run is swept at least this often, whatever the watcher says.
+const FULL_SWEEP: Duration = Duration::from_secs(1);
+/// After a failed lookup for a dead servicer's start, wait this long before asking again.
+const RECOVERY_RETRY: Duration = Duration::from_secs(5);
+
+/// Who we are, as written into `owner.json`.
+#[derive(Clone)]
+struct Me {
+    pid: u32,
+    hostname: String,
+    identity: Option<String>,
+}
+
+pub struct Bridge {
+    providers: Providers,
+    tx: Sender<Hint>,
+    me: Me,
+    inflight: HashSet<(String, String)>,
+    dirty: BTreeSet<String>,
+    next_full: Instant,
+    retry_at: HashMap<(String, String), Instant>,
+    watched: HashSet<String>,
+    launched: HashMap<String, bool>,
+    /// Request entries that are not regular files and could not be removed
+    /// (a non-empty directory): answered once, then skipped while the same
+    /// entry (device, inode) stays in place.
+    refused: HashSet<(String, String, u64, u64)>,
+    /// Requests answered on the loop whose response, or what follows it,
+    /// still waits in the writer for space: not answered again meanwhile.
+    /// A non-regular entry carries its (device, inode), to be `refused` if
+    /// it is still in place once the writer is done.
+    deferred: HashMap<(String, String), Option<(u64, u64)>>,
+}
+
+impl Bridge {
+    pub fn new(cfg: &Config, tx: Sender<Hint>) -> Bridge {
+        let pid = std::process::id();
+        // Checks can take seconds (sinfo on an unreachable cluster): never in the loop.
+        let checks: Vec<(String, std::sync::Arc<dyn Provider>)> =
+            cfg.providers.iter().map(|(name, p)| (name.clone(), providers::build(name, p))).collect();
+        let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
+            for (name, p) in checks {
+                match p.check() {
+                    Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
+                    Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
+                }
+            }
+        });
+        Bridge {
+            providers: providers::build_all(cfg),
+            tx,
+            me: Me { pid, hostname: crate::platform::hostname(), identity: crate::platform::start_identity(pid) },
+            inflight: HashSet::new(),
+            dirty: BTreeSet::new(),
+            next_full: Instant::now(),
+            retry_at: HashMap::new(),
+            watched: HashSet::new(),
+            launched: HashMap::new(),
+            refused: HashSet::new(),
+            deferred: HashMap::new(),
+        }
+    }
+
+    /// A reloaded configuration: operations in flight keep the provider they started with.
+    pub fn set_providers(&mut self, cfg: &Config) {
+        self.providers = providers::build_all(cfg);
+        self.next_full = Instant::now();
+    }
+
+    /// The configured provider `name` with its time limit.
+    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
+        self.providers.get(name).cloned()
+    }
+
+    /// A file event in a run's `external-job-requests/`.
+    pub fn hint(&mut self, run_id: String) {
+        self.dirty.insert(run_id);
+    }
+
+    /// A worker finished (or a recovery lookup failed and should be retried later).
+    pub fn done(&mut self, run_id: String, id: String, retry: bool) {
+        let key = (run_id.clone(), id);
+        self.inflight.remove(&key);
+        if retry {
+            self.retry_at.insert(key, Instant::now() + RECOVERY_RETRY);
+        }
+        self.dirty.insert(run_id);
+    }
+
+    /// True when a sweep left work behind and the loop should turn again at once.
+    pub fn wants_turn(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Sweep the runs that asked for it (and every running run once a second).
+    /// Answers written on the loop go through `w`, the daemon's writer.
+    pub fn turn<'a>(
+        &mut self,
+        w: &mut Writer,
+        layout: &Layout,
+        running: impl Iterator<Item = &'a String>,
+        watch: &mut Watch,
+    ) {
+        let running: HashSet<&String> = running.collect();
+        let now = Instant::now();
+        if now >= self.next_full {
+            self.dirty.extend(running.iter().map(|s| s.to_string()));
+            self.next_full = now + FULL_SWEEP;
+        }
+        self.watched.retain(|r| {
+            let keep = running.contains(r);
+            if !keep {
+                watch.remove(&RunPaths::bridge_requests(&layout.run_dir(r)));
+            }
+            keep
+        });
+        self.launched.retain(|r, _| running.contains(r));
+        self.retry_at.retain(|(r, _), _| running.contains(r));
+        self.refused.retain(|(r, ..)| running.contains(r));
+        if w.is_idle() {
+            self.settle_deferred(layout);
+        }
+        self.deferred.retain(|(r, _), _| running.contains(r));
+        for run_id in std::mem::take(&mut self.dirty) {
+            if !running.contains(&run_id) {
+                continue;
+            }
+            if self.sweep(w, layout, &run_id, watch) {
+                self.dirty.insert(run_id);
+            }
+        }
+    }
+
+    /// One sweep of one run. True when entries were left for the next turn.
+    fn sweep(&mut self, w: &mut Writer, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
+        let dir = layout.run_dir(run_id);
+        let reqdir = RunPaths::bridge_requests(&dir);
+        match fsutil::real_dir(&reqdir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+            Err(e) => {
+                // Debug: a step could otherwise fill the journal once a second.
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+        }
+        // No answer could be written: leave the requests (and the log) alone.
+        match fsutil::real_dir(&RunPaths::bridge_responses(&dir)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::debug!(run_id, error = %e, "not sweeping the bridge requests");
+                return false;
+            }
+            _ => {}
+        }
+        let rd = match std::fs::read_dir(&reqdir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, path = %reqdir.display(), "cannot list bridge requests");
+                return false;
+            }
+        };
+        if self.watched.insert(run_id.to_string()) {
+            watch.add(&reqdir);
+        }
+        let Listing { requests, mut claims, tmps } = Listing::of(rd);
+        let mut taken = 0;
+        let mut left = 0;
+        let mut capped = false;
+        claims.sort();
+        for id in &claims {
+            let key = (run_id.to_string(), id.clone());
+            if self.inflight.contains(&key)
+                || self.deferred.contains_key(&key)
+                || ClaimPaths::completed(&RunPaths::bridge_claim(&dir, id)).exists()
+            {
+                continue; // finished claims are skipped, not counted
+            }
+            if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
+                capped |= self.inflight.len() >= MAX_INFLIGHT;
+                left += 1;
+                continue;
+            }
+            if self.recover_claim(w, run_id, &dir, id) {
+                taken += 1;
+            }
+        }
+        for t in tmps {
+            self.clean_tmp_claim(&t);
+        }
+        for Waiting { id, parsed, mtime, .. } in self.waiting(run_id, &dir, requests) {
+            if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
+                capped |= self.inflight.len() >= MAX_INFLIGHT;
+                left += 1;
+                continue;
+            }
+            taken += 1;
+            self.take_request(w, run_id, &dir, &id, parsed, mtime);
+        }
+        if taken > 0 || left > 0 {
+            tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
+        }
+        // At the in-flight cap, completions wake us; otherwise come back at once.
+        left > 0 && !capped
+    }
+
+    /// Read every waiting request not in flight, in the order they are
+    /// taken: starts first, then oldest first, so a flood of status polls
+    /// never starves a start.
+    fn waiting(&self, run_id: &str, dir: &Path, requests: Vec<String>) -> Vec<Waiting> {
+        let mut todo: Vec<Waiting> = Vec::new();
+        for id in requests {
+            let key = (run_id.to_string(), id.clone());
+            if self.inflight.contains(&key) || self.deferred.contains_key(&key) {
+                continue;
+            }
+            let path = RunPaths::bridge_request(dir, &id);
+            let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
+            if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
+                continue;
+            }
+            let mtime = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
+            let parsed = if !md.is_file() {
+                Err(format!("{} is not a regular file; write requests as regular files", path.display()))
+            } else {
+                match fsutil::read_nofollow(&path, MAX_REQUEST_BYTES + 1) {
+                    Ok(b) if b.len() as u64 > MAX_REQUEST_BYTES => {
+                        Err(format!("the request is larger than {MAX_REQUEST_BYTES} bytes; shorten the prompt"))
+                    }
+                    Ok(b) => parse_request(&b, &id, run_id).map_err(|e| e.to_string()),
+                    Err(_) => continue, // gone meanwhile (another servicer)
+                }
+            };
+            let is_start = matches!(&parsed, Ok(r) if r.operation.is_dispatch());
+            let created = parsed.as_ref().map(|r| r.created_at).unwrap_or(mtime);
+            todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
+        }
+        todo.sort_by(|a, b| (a.later, a.created, &a.id).cmp(&(b.later, b.created, &b.id)));
+        todo
+    }
+
+    fn take_request(
+        &mut self,
+        w: &mut Writer,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+        parsed: Result<Request, String>,
+        mtime: i64,
+    ) {
+        let path = RunPaths::bridge_request(dir, id);
+        let req = match parsed {
+            Ok(r) => r,
+            Err(msg) => {
+                if crate::now_ms() - mtime < WRITE_GRACE_MS {
+                    return; // maybe still being written; the next full sweep looks again
+                }
+                let raw: Value = fsutil::read_nofollow(&path, MAX_REQUEST_BYTES)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or(Value::Null);
+                let op = raw.get("operation").and_then(Value::as_str).unwrap_or("unknown").to_string();
+                let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
+                tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
+                let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
+                self.answer_and_remove(w, run_id, dir, id, &op, &prov, Err(f), &path);
+                return;
+            }
+        };
+        let Some((provider, limit)) = self.providers.get(&req.provider).cloned() else {
+            if self.launched_by_us(run_id, dir) {
+                let f = providers::failure(
+                    "provider-unavailable",
+                    format!(
+                        "provider `{}` is not configured in this runspool daemon; add [providers.{}] to its config file and send SIGHUP",
+                        req.provider, req.provider
+                    ),
+                );
+                self.answer_and_remove(w, run_id, dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
+            }
+            // Otherwise another host may own the run: its requests are left alone.
+            return;
+        };
+        match req.operation {
+            Operation::Start | Operation::FollowUp => self.claim_start(run_id, dir, req, provider, limit),
+            _ => {
+                // Swapped for something else since the read: the next sweep sees it.
+                let Ok(lock) = fsutil::open_read(&path) else { return };
+                match fsutil::flock(&lock, true) {
+                    Ok(true) => {}
+                    _ => return, // another servicer holds it
+                }
+                // Serviced and removed by someone else between our read and the lock?
+                if !path.exists() {
+                    return;
+                }
+                let key = (run_id.to_string(), id.to_string());
+                self.inflight.insert(key.clone());
+                let work = Work {
+                    tx: self.tx.clone(),
+                    run_id: run_id.into(),
+                    dir: dir.to_path_buf(),
+                    id: id.into(),
+                    provider,
+                    limit,
+                };
+                if !spawn_worker(run_id, id, move || work.operation(req, lock)) {
+                    self.inflight.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Answer in the loop (no provider involved), then remove the request under its lock.
+    /// Never blocks: the request is opened through `fsutil::open_regular`.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_and_remove(
+        &mut self,
+        w: &mut Writer,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+        op: &str,
+        provider: &str,
+        r: Result<Handle, Failure>,
+        path: &Path,
+    ) {
+        let lock = match fsutil::open_read(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return self.answer_non_regular(w, run_id, dir, id, op, provider, r, path)
+            }
+            Err(_) => return,
+        };
+        if !matches!(fsutil::flock(&lock, true), Ok(true)) {
+            return;
+        }
+        match respond_in_loop(w, dir, id, op, provider, r) {
+            Ok(true) => {
+                let _ = fsutil::remove_if_exists(path);
+            }
+            Ok(false) => {
+                // Removed once the response lands, under the lock taken again then.
+                drop(lock);
+                remove_answered(w, dir, id, true);
+                self.deferred.insert((run_id.to_string(), id.to_string()), None);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// A request entry that is not a regular file (FIFO, socket, device,
+    /// symlink, directory) has no lock to take and nothing to read: answer it,
+    /// then unlink it (`rmdir` for a directory, which removes only an empty
+    /// one). What cannot be removed is remembered and not answered again.
+    #[allow(clippy::too_many_arguments)]
+    fn answer_non_regular(
+        &mut self,
+        w: &mut Writer,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+        op: &str,
+        provider: &str,
+        r: Result<Handle, Failure>,
+        path: &Path,
+    ) {
+        let Ok(md) = std::fs::symlink_metadata(path) else { return };
+        if md.is_file() {
+            return; // replaced by a regular file meanwhile: the next sweep reads it
+        }
+        match respond_in_loop(w, dir, id, op, provider, r) {
+            Ok(true) => {}
+            Ok(false) => {
+                remove_answered(w, dir, id, false);
+                self.deferred.insert((run_id.to_string(), id.to_string()), Some((md.dev(), md.ino())));
+                return;
+            }
+            Err(_) => return,
+        }
+        let removed = if md.is_dir() { std::fs::remove_dir(path) } else { std::fs::remove_file(path) };
+        if let Err(e) = removed {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(run_id, request = id, path = %path.display(), error = %e,
+                    "cannot remove a bridge request that is not a regular file; answered once, ignored from now on");
+                self.refused.insert((run_id.to_string(), id.to_string(), md.dev(), md.ino()));
+            }
+        }
+    }
+
+    /// The writer has landed every deferred answer (and run what follows
+    /// each): forget them; a non-regular entry still in place could not be
+    /// removed, so it is answered once and ignored from now on, as when its
+    /// answer is written at once (`answer_non_regular`).
+    fn settle_deferred(&mut self, layout: &Layout) {
+        for ((run_id, id), entry) in self.deferred.drain() {
+            let Some((dev, ino)) = entry else { continue };
+            let path = RunPaths::bridge_request(&layout.run_dir(&run_id), &id);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
+                self.refused.insert((run_id, id, dev, ino));
+            }
+        }
+    }
+
+    /// Runs this daemon launched: claimed from our spool (request.json) and
+    /// run by a runner on this host. Only those get `provider-unavailable`.
+    fn launched_by_us(&mut self, run_id: &str, dir: &Path) -> bool {
+        if let Some(v) = self.launched.get(run_id) {
+            return *v;
+        }
+        let v = crate::store::run::claimed(dir)
+            && match crate::store::run::read_status(dir) {
+                Ok(Some(s)) => s.runner.as_ref().is_none_or(|r| r.hostname == self.me.hostname),
+                _ => false,
+            };
+        self.launched.insert(run_id.to_string(), v);
+        v
+    }
+}
+
+/// The entries of a run's `external-job-requests/` by kind; dot names and
+/// names outside the grammar are not looked at.
+struct Listing {
+    requests: Vec<String>,
+    claims: Vec<String>,
+    tmps: Vec<PathBuf>,
+}
+
+impl Listing {
+    fn of(rd: std::fs::ReadDir) -> Listing {
+        let mut l = Listing { requests: Vec::new(), claims: Vec::new(), tmps: Vec::new() };
+        for e in rd.flatten() {
+            let Ok(name) = e.file_name().into_string() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            if let Some(stem) = name.strip_suffix(".json") {
+                if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
+                    l.requests.push(stem.to_string());
+                }
+            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                // A claim is a directory of ours; a file or a symlink (to a
+                // directory anywhere) by that name is none: never answered,
+                // never written through.
+            } else if let Some(stem) = name.strip_suffix(CLAIM_SUFFIX) {
+                l.claims.push(stem.to_string());
+            } else if name.contains(CLAIM_TMP_INFIX) {
+                l.tmps.push(e.path());
+            }
+        }
+        l
+    }
+}
+
+/// A request file waiting in a sweep: starts first (`later` false), then oldest first.
+struct Waiting {
+    later: bool,
+    created: i64,
+    id: String,
+    parsed: Result<Request, String>,
+    mtime: i64,
+}
+
+mod claims;
+mod work;
+
+use work::{remove_answered, respond_in_loop, spawn_worker, Work};

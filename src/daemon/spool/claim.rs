@@ -1,0 +1,444 @@
+//! Claiming a spool entry (PROTOCOL §2.3 steps 1 to 8) and finishing a
+//! claim cut short.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::platform::rename_noreplace;
+use crate::protocol::is_id;
+use crate::protocol::request::{self, Context, Rejection, RejectionCode, Request, MAX_REQUEST_BYTES};
+use crate::protocol::status::Status;
+use crate::store::fsutil::{self, fsync_dir, is_capacity};
+use crate::store::layout::RunPaths;
+use crate::store::{index, run, Layout, Writer};
+
+use super::reject::{reject_entry_seen, rejected_run};
+use super::{claim_id, classify_name, republish, same_file, Claimer, FileId, Name, Outcome};
+
+fn reject_early(code: RejectionCode, msg: String) -> Result<(), Rejection> {
+    Err(Rejection::new(code, msg))
+}
+
+/// PROTOCOL §2.3 step 1: checks on the lstat of a spool entry.
+pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection> {
+    let p = path.display();
+    let ft = md.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_symlink() {
+            "a symbolic link"
+        } else {
+            "not a regular file (FIFO, socket or device)"
+        };
+        return reject_early(
+            RejectionCode::NotRegularFile,
+            format!("{p} is {kind}; publish requests as regular files"),
+        );
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if md.uid() != uid {
+        return reject_early(
+            RejectionCode::BadOwner,
+            format!(
+                "{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests",
+                md.uid()
+            ),
+        );
+    }
+    if md.nlink() != 1 {
+        return reject_early(
+            RejectionCode::NotRegularFile,
+            format!("{p} has {} hard links; publish a fresh file (write a dot file, then rename it)", md.nlink()),
+        );
+    }
+    if md.mode() & 0o022 != 0 {
+        return reject_early(
+            RejectionCode::BadPermissions,
+            format!("{p} has mode {:o}, writable by group or others; create it with mode 0600", md.mode() & 0o7777),
+        );
+    }
+    if md.len() > MAX_REQUEST_BYTES {
+        return reject_early(
+            RejectionCode::TooLarge,
+            format!("{p} is {} bytes; a request may be at most {MAX_REQUEST_BYTES} bytes", md.len()),
+        );
+    }
+    Ok(())
+}
+
+impl Claimer<'_> {
+    /// Process one spool entry by name.
+    pub fn process(&mut self, name: &str) -> Outcome {
+        let path = self.layout.spool().join(name);
+        match classify_name(name) {
+            Name::Ignored => return Outcome::Later,
+            Name::Bad => {
+                let msg = format!(
+                    "the name `{}` is not a valid request name; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{{0,199}}",
+                    name.escape_debug()
+                );
+                return self.reject(&path, name, Rejection::new(RejectionCode::BadName, msg), None);
+            }
+            Name::Candidate => {}
+        }
+        let md = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Outcome::Later,
+            Err(e) if is_capacity(&e) => return Outcome::Capacity(e),
+            Err(e) => {
+                tracing::warn!(request = name, error = %e, "cannot lstat a spool entry; will retry");
+                return Outcome::Later;
+            }
+        };
+        let seen = Some(FileId::at(&path, &md));
+        if let Err(r) = check_entry(&path, &md) {
+            return self.reject_seen(&path, name, r, None, seen);
+        }
+        let file = match open_locked(&path, name, &md) {
+            Ok(f) => f,
+            Err(o) => return o,
+        };
+        // Re-check after the lock: an in-place writer may have grown it or changed its mode.
+        let Ok(fmd) = file.metadata() else { return Outcome::Later };
+        if let Err(r) = check_entry(&path, &fmd) {
+            return self.reject_seen(&path, name, r, None, seen);
+        }
+        // Step 4: read (bounded) and parse.
+        let mut raw = Vec::with_capacity(fmd.len() as usize);
+        if let Err(e) = (&file).take(MAX_REQUEST_BYTES + 1).read_to_end(&mut raw) {
+            if is_capacity(&e) {
+                return Outcome::Capacity(e);
+            }
+            return Outcome::Later;
+        }
+        if raw.len() as u64 > MAX_REQUEST_BYTES {
+            let r = Rejection::new(
+                RejectionCode::TooLarge,
+                format!("{} grew past {MAX_REQUEST_BYTES} bytes", path.display()),
+            );
+            return self.reject_seen(&path, name, r, None, seen);
+        }
+        let value = match request::parse(&raw) {
+            Ok(v) => {
+                self.grace.forget(name);
+                v
+            }
+            Err(r) => {
+                if self.grace.pending(name, FileId::at(&path, &fmd), mtime_ms(&fmd)) {
+                    return Outcome::Later;
+                }
+                self.grace.forget(name);
+                return self.reject_seen(&path, name, r, None, seen);
+            }
+        };
+        // Step 5: validate.
+        let req = match request::validate(&raw, &value, self.ctx) {
+            Ok(r) => r,
+            Err(r) => {
+                let run_id = value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).map(str::to_string);
+                return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
+            }
+        };
+        self.claim(&path, name, file, req, &raw)
+    }
+
+    /// Steps 6 to 8.
+    fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request, raw: &[u8]) -> Outcome {
+        let Ok(held) = lock.metadata() else { return Outcome::Later };
+        let (run_id, generated) = match &req.run_id {
+            Some(id) => (id.clone(), false),
+            None => (claim_id(&held, name), true),
+        };
+        let mut dir = self.layout.run_dir(&run_id);
+        // A generated id is a pure function of the spool entry, so a claim
+        // retried after a crash between mkdir and the commit reuses its own
+        // directory instead of leaving an orphan. Should it ever meet a real
+        // run (a reused inode with the same ctime), a random id is taken.
+        let run_id = if generated && (RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists()) {
+            let id = uuid::Uuid::new_v4().to_string();
+            dir = self.layout.run_dir(&id);
+            id
+        } else {
+            run_id
+        };
+        let created = match self.make_run_dir(path, name, &dir, &run_id) {
+            Ok(c) => c,
+            Err(o) => return o,
+        };
+        let undo = |e: io::Error| {
+            if created {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            e
+        };
+        // Perf: nothing else is created before the commit. On ext4 a file
+        // creation costs 0.02 to 0.8 ms depending on the directory's block group,
+        // so the files a run needs are created by whoever needs them first, off
+        // the path from drop to runner: the runner makes its lock, logs and step
+        // outputs (waiting out a full disk), `finish_claim` the status and event,
+        // and the daemon the active marker once the runner is on its way.
+        // Step 7: the commit.
+        if let Err(e) = rename_noreplace(path, &RunPaths::request(&dir)) {
+            let e = undo(e);
+            return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
+        }
+        // The name may have been replaced between our read and the rename: the
+        // run must own the bytes that were validated, nothing else. Where
+        // inode numbers are unstable, identity is only a hint: compare bytes.
+        if !same_file(&RunPaths::request(&dir), &held) || !committed_bytes_are(&RunPaths::request(&dir), &held, raw) {
+            tracing::warn!(request = name, run_id = %run_id, "request replaced while being claimed; it gets a fresh look");
+            if let Err(e) = republish(&RunPaths::request(&dir), &self.layout.spool(), name) {
+                tracing::error!(request = name, error = %e, "cannot put a replaced request back into the spool");
+                return if is_capacity(&e) { Outcome::Capacity(e) } else { Outcome::Later };
+            }
+            if created {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Outcome::Later;
+        }
+        drop(lock);
+        let _ = fsync_dir(&dir);
+        let _ = fsync_dir(&self.layout.spool());
+        tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
+        match finish_claim(self.w, self.layout, &run_id, &req) {
+            Ok(s) => Outcome::Claimed(Box::new(s)),
+            Err(error) => Outcome::Unfinished { run_id, error },
+        }
+    }
+
+    /// Step 6: the run directory, made private. Ok(true): created now;
+    /// Ok(false): the empty trace of an interrupted claim of this request;
+    /// Err: what to do instead (a rejection, or a retry later).
+    fn make_run_dir(&mut self, path: &Path, name: &str, dir: &Path, run_id: &str) -> Result<bool, Outcome> {
+        match std::fs::DirBuilder::new().mode_private().create(dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Only a real directory can be the trace of an interrupted claim: a
+                // symlink there could redirect the request out of the root.
+                let real_dir = std::fs::symlink_metadata(dir).map(|m| m.file_type().is_dir()).unwrap_or(false);
+                if !real_dir {
+                    let r = Rejection::new(
+                        RejectionCode::DuplicateRunId,
+                        format!("run id `{run_id}` is taken by {}, which is not a run directory; choose another runId or omit it", dir.display()),
+                    );
+                    return Err(self.reject(path, name, r, None));
+                }
+                // Nothing is created in a run directory before the commit, so the
+                // trace of an interrupted claim is empty. Anything else there is
+                // another run's, possibly another host's (§14): never move into it.
+                let empty = std::fs::read_dir(dir).map(|mut rd| rd.next().is_none()).unwrap_or(false);
+                if !empty {
+                    let r = Rejection::new(
+                        RejectionCode::DuplicateRunId,
+                        format!(
+                            "run id `{run_id}` is already used by {}; choose another runId or omit it",
+                            dir.display()
+                        ),
+                    );
+                    return Err(self.reject(path, name, r, None));
+                }
+                Ok(false) // an interrupted claim of this same request: carry on
+            }
+            Err(e) if is_capacity(&e) => Err(Outcome::Capacity(e)),
+            Err(e) => {
+                tracing::error!(request = name, run_id, error = %e, "cannot create the run directory; will retry");
+                Err(Outcome::Later)
+            }
+        }
+    }
+
+    /// Move an entry to rejected/ with its error file (and a rejected run
+    /// when the body carried a valid, unused run id).
+    fn reject(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>) -> Outcome {
+        self.reject_seen(path, name, r, run, None)
+    }
+
+    /// `reject` of the file identified by `seen` (device, inode): if the name
+    /// was replaced meanwhile, the newcomer goes back to the spool instead.
+    fn reject_seen(
+        &mut self,
+        path: &Path,
+        name: &str,
+        r: Rejection,
+        run: Option<(String, Value)>,
+        seen: Option<FileId>,
+    ) -> Outcome {
+        match reject_entry_seen(self.w, self.layout, path, name, &r, run, seen) {
+            Ok(true) => Outcome::Rejected,
+            Ok(false) => Outcome::Later,
+            Err(e) if is_capacity(&e) => Outcome::Capacity(e),
+            Err(e) => {
+                tracing::error!(request = name, error = %e, "cannot move a rejected request; will retry");
+                Outcome::Later
+            }
+        }
+    }
+}
+
+/// Steps 2 and 3: open without following, without blocking, check it is
+/// the file `md` describes, and take the lock its writer may still hold.
+fn open_locked(path: &Path, name: &str, md: &std::fs::Metadata) -> Result<File, Outcome> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if is_capacity(&e) => return Err(Outcome::Capacity(e)),
+        Err(_) => return Err(Outcome::Later), // replaced or removed meanwhile: look again
+    };
+    let Ok(fmd) = file.metadata() else { return Err(Outcome::Later) };
+    if !FileId::at(path, &fmd).same(&FileId::at(path, md)) {
+        return Err(Outcome::Later);
+    }
+    match fsutil::flock(&file, true) {
+        Ok(true) => Ok(file),
+        Ok(false) => Err(Outcome::Later),
+        Err(e) => {
+            tracing::warn!(request = name, error = %e, "cannot lock a spool entry; will retry");
+            Err(Outcome::Later)
+        }
+    }
+}
+
+trait DirBuilderPrivate {
+    fn mode_private(&mut self) -> &mut Self;
+}
+impl DirBuilderPrivate for std::fs::DirBuilder {
+    fn mode_private(&mut self) -> &mut Self {
+        use std::os::unix::fs::DirBuilderExt;
+        self.mode(0o700)
+    }
+}
+
+fn mtime_ms(md: &std::fs::Metadata) -> i64 {
+    md.mtime() * 1000 + md.mtime_nsec() / 1_000_000
+}
+
+/// After the commit: unless `path` is the very inode that was read (same
+/// device and inode number), do its bytes equal the validated `raw`?
+fn committed_bytes_are(path: &Path, held: &std::fs::Metadata, raw: &[u8]) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => true,
+        Ok(_) => fsutil::read_nofollow(path, MAX_REQUEST_BYTES + 1).is_ok_and(|b| b == raw),
+        Err(_) => false,
+    }
+}
+
+/// Step 8: queued status and queued event. Also finishes a half-claimed run
+/// (request.json without status.json) at daemon start. The active marker
+/// follows with `mark_claimed`, once the runner has been started when a slot
+/// is free (perf: one file creation fewer between the drop and the runner).
+pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> io::Result<Status> {
+    let dir = l.run_dir(run_id);
+    let now = crate::now_ms();
+    let queued = Status::queued(req, run_id, &dir, now);
+    let s = run::update_status(w, &dir, |cur| match cur {
+        Some(_) => None, // already written (a racing finisher): keep it
+        None => Some(queued),
+    })?
+    .expect("status exists after update");
+    if s.state.is_active() {
+        ensure_queued_event(w, &dir, run_id, s.queue.priority);
+    }
+    Ok(s)
+}
+
+/// Finish a run directory holding `request.json` and no `status.json` (a
+/// claim whose step 8 was cut short by a crash or a capacity error): the
+/// request is validated again with the claim's own validator (G4: a run
+/// never executes bytes that were not validated), then the run is queued;
+/// one that fails validation becomes a `rejected` run with the code and
+/// message (PROTOCOL §2.3). `Ok(None)`: rejected, or nothing left to do.
+pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Context) -> io::Result<Option<Status>> {
+    let dir = l.run_dir(run_id);
+    let path = RunPaths::request(&dir);
+    if RunPaths::status(&dir).exists() {
+        return Ok(None);
+    }
+    let raw = fsutil::read_nofollow(&path, MAX_REQUEST_BYTES + 1)?;
+    let checked = if raw.len() as u64 > MAX_REQUEST_BYTES {
+        Err(Rejection::new(RejectionCode::TooLarge, format!("{} is over {MAX_REQUEST_BYTES} bytes", path.display())))
+    } else {
+        request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)).and_then(|req| match &req.run_id {
+            Some(id) if id != run_id => Err(Rejection::new(
+                RejectionCode::InvalidField,
+                format!(
+                    "field `runId` is `{id}` but the request is in {}; a run's request names its own run",
+                    dir.display()
+                ),
+            )),
+            _ => Ok(req),
+        })
+    };
+    match checked {
+        Ok(req) => finish_claim(w, l, run_id, &req).map(|s| Some(s).filter(|s| s.state.is_active())),
+        Err(r) => {
+            tracing::warn!(
+                run_id,
+                code = r.code.as_str(),
+                "the request of a half-done claim fails validation: rejected: {}",
+                r.message
+            );
+            let body = serde_json::from_slice::<Value>(&raw).unwrap_or(Value::Null);
+            rejected_run(w, l, run_id, &body, &r)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Append `subagent.run.queued` unless events.jsonl already has it: the
+/// daemon may have died between the queued status and the event (claim, or
+/// a half-claim finished at start), and the event is written once, never
+/// twice. Unlike other events it is not dropped on a capacity error: it
+/// waits in the writer, like the status it follows.
+pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i64) {
+    let (dir, id) = (dir.to_path_buf(), run_id.to_string());
+    let op = move || -> io::Result<()> {
+        let path = RunPaths::events(&dir);
+        // A queued run's events are a line or two: the first MiB holds the queued one if any.
+        match fsutil::read_nofollow(&path, 1024 * 1024) {
+            Ok(raw) => {
+                let has = raw.split(|b| *b == b'\n').any(|line| {
+                    serde_json::from_slice::<Value>(line)
+                        .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("subagent.run.queued"))
+                });
+                if has {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if is_capacity(&e) => return Err(e),
+            Err(e) => {
+                // Not a readable regular file: appending could only duplicate or fail.
+                tracing::warn!(run_id = %id, error = %e, "cannot read {} to check for the queued event", path.display());
+                return Ok(());
+            }
+        }
+        let ev = json!({"type": "subagent.run.queued", "ts": crate::now_ms(), "runId": id, "priority": priority});
+        match fsutil::append_line(&path, &serde_json::to_vec(&ev).unwrap_or_default()) {
+            Err(e) if is_capacity(&e) => Err(e),
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "could not append the queued event to {}", path.display());
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    };
+    if let Err(e) = w.then(format!("queued event {run_id}"), Box::new(op)) {
+        tracing::warn!(run_id, error = %e, "could not write the queued event");
+    }
+}
+
+/// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
+/// the status lock and only while the run is active, since its runner may
+/// already be at work; queued behind deferred writes on a full disk.
+pub fn mark_claimed(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
+    let (l2, id) = (l.clone(), run_id.to_string());
+    w.then(format!("active marker {run_id}"), Box::new(move || index::mark_active_if_active(&l2, &id).map(|_| ())))
+}

@@ -1,0 +1,317 @@
+//! Rejecting a spool entry (PROTOCOL §2.3): the move to rejected/, its error
+//! file, the `rejected` run, and finishing rejections cut short by a crash.
+
+use std::io::{self};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::platform::rename_noreplace;
+use crate::protocol::is_id;
+use crate::protocol::request::{self, Context, Rejection, RejectionCode, MAX_REQUEST_BYTES};
+use crate::protocol::status::{State, Status};
+use crate::store::fsutil::{self, fsync_dir, mkdir_private};
+use crate::store::layout::{RunPaths, ERROR_FILE_SUFFIX};
+use crate::store::{index, results, run, Layout, Writer};
+
+use super::claim::check_entry;
+use super::{classify_name, republish, FileId, Name};
+
+/// Pick free names `<base>[-N].json` / `<base>[-N].error.json` in rejected/.
+pub(super) fn rejected_names(l: &Layout, name: &str, n: u32) -> (PathBuf, PathBuf) {
+    let (base, ext) = match name.strip_suffix(".json") {
+        Some(b) => (b.to_string(), ".json"),
+        None => (name.to_string(), ""),
+    };
+    let base = if n == 0 { base } else { format!("{base}-{n}") };
+    let entry = format!("{base}{ext}");
+    let mut err = format!("{base}{ERROR_FILE_SUFFIX}");
+    if err.len() > 255 {
+        err = format!("~sha256-{}{ERROR_FILE_SUFFIX}", crate::protocol::seg::sha256_hex(entry.as_bytes()));
+    }
+    (l.rejected_entry(&entry), l.rejected_entry(&err))
+}
+
+pub fn reject_entry(
+    w: &mut Writer,
+    l: &Layout,
+    path: &Path,
+    name: &str,
+    r: &Rejection,
+    run: Option<(String, Value)>,
+) -> io::Result<()> {
+    reject_entry_seen(w, l, path, name, r, run, None).map(|_| ())
+}
+
+/// Ok(false): the entry at `path` was not the one `seen` described (replaced
+/// between the check and the move) and was put back for a fresh look.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reject_entry_seen(
+    w: &mut Writer,
+    l: &Layout,
+    path: &Path,
+    name: &str,
+    r: &Rejection,
+    run: Option<(String, Value)>,
+    seen: Option<FileId>,
+) -> io::Result<bool> {
+    // rejected/ must be a real directory of ours, or the move could leave the root.
+    let rd = std::fs::symlink_metadata(l.rejected())?;
+    if !rd.file_type().is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a real directory (a symlink?); replace it with one (mkdir -m 700)",
+            l.rejected().display()
+        )));
+    }
+    let mut n = 0;
+    let (entry, err) = loop {
+        let (entry, err) = rejected_names(l, name, n);
+        if !err.exists() {
+            match rename_noreplace(path, &entry) {
+                Ok(()) => break (entry, err),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        n += 1;
+    };
+    if let Some(id) = seen {
+        let now = std::fs::symlink_metadata(&entry)?;
+        if !FileId::at(&entry, &now).same(&id) {
+            tracing::warn!(request = name, "spool entry replaced while being rejected; it gets a fresh look");
+            republish(&entry, &l.spool(), name)?;
+            return Ok(false);
+        }
+    }
+    let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    write_error_file(w, &err, &file, r)?;
+    tracing::warn!(
+        request = name,
+        run_id = run.as_ref().map(|(id, _)| id.as_str()),
+        code = r.code.as_str(),
+        "rejected: {}",
+        r.message
+    );
+    if let Some((run_id, body)) = run {
+        // Not `exists()`: a dangling symlink there must not be written through.
+        if std::fs::symlink_metadata(l.run_dir(&run_id)).is_err() {
+            rejected_run(w, l, &run_id, &body, r)?;
+        }
+    }
+    Ok(true)
+}
+
+/// Through the writer: on a full disk the entry is already in rejected/ and
+/// its error file must follow as soon as space returns. Not fsynced: a lost
+/// error file is rewritten at the next start (recover_rejected).
+fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
+    let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
+    w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
+}
+
+pub use crate::store::layout::REJECTED_STAGING_PREFIX as STAGING_PREFIX;
+
+/// The status of a `rejected` run for `body`, its fields taken from the
+/// body where they are present and within their limits.
+fn rejected_status(run_id: &str, body: &Value, r: &Rejection) -> Status {
+    let now = crate::now_ms();
+    let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_string);
+    let mode = match body.get("steps").and_then(Value::as_array).map(|a| a.as_slice()) {
+        Some([one]) if one.get("parallel").is_some() => crate::protocol::request::Mode::Parallel,
+        Some([_]) => crate::protocol::request::Mode::Single,
+        _ => crate::protocol::request::Mode::Chain,
+    };
+    let mut status = Status {
+        run_id: run_id.to_string(),
+        session_id: text("sessionId").filter(|s| s.len() <= 4096).unwrap_or_else(|| "default".into()),
+        tool_call_id: text("toolCallId").filter(|s| s.len() <= 4096),
+        completion_owner_id: text("completionOwnerId").filter(|s| s.len() <= 256),
+        mode,
+        state: State::Rejected,
+        started_at: now,
+        last_update: now,
+        ended_at: Some(now),
+        timeout_ms: 0,
+        deadline_at: None,
+        timed_out: false,
+        stopped: false,
+        error: Some(format!("{}: {}", r.code, r.message)),
+        exit_code: Some(1),
+        pid: None,
+        runner: None,
+        cwd: text("cwd").unwrap_or_default(),
+        current_step: 0,
+        chain_step_count: 0,
+        parallel_groups: vec![],
+        queue: Default::default(),
+        output_file: None,
+        steps: vec![],
+        extra: Default::default(),
+    };
+    status.mark_launched_by_runspool();
+    status
+}
+
+/// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
+pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
+    let dir = l.run_dir(run_id);
+    let status = rejected_status(run_id, body, r);
+    // One idempotent operation, retried by the writer while storage is full:
+    // the entry is already in rejected/, so the run must follow.
+    let (l, run_id, code, message) = (l.clone(), run_id.to_string(), r.code, r.message.clone());
+    w.then(
+        format!("rejected run {run_id}"),
+        Box::new(move || {
+            match run::read_status(&dir) {
+                Ok(Some(cur)) if !(cur.state == State::Rejected && cur.launched_by_runspool()) => return Ok(()), // not ours to touch
+                Ok(Some(_)) => {}
+                Ok(None) if run::claimed(&dir) => {
+                    // A half-done claim whose request failed validation: the
+                    // directory is ours already (request.json), so are temps in it.
+                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
+                    let mut ev = Writer::new();
+                    run::event(
+                        &mut ev,
+                        &dir,
+                        &run_id,
+                        "subagent.run.rejected",
+                        json!({"code": code, "message": message}),
+                    );
+                }
+                Ok(None) => {
+                    // Built complete in a dot-named staging directory, then
+                    // renamed into place: a rejected run has no request.json,
+                    // so a temp file left inside its directory by a crash
+                    // could not be told from another host's; a leftover
+                    // staging directory is ours (`STAGING_PREFIX`).
+                    // The builder's pid in the name: a leftover of a dead builder is
+                    // removed at the next start, a live one's (a CLI at work) kept.
+                    let stage = l.rejected_run_staging(std::process::id(), &uuid::Uuid::new_v4().to_string());
+                    let built = mkdir_private(&stage).and_then(|_| {
+                        let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                        fsutil::write_atomic(&RunPaths::status(&stage), &bytes, true)?;
+                        let mut ev = Writer::new();
+                        run::event(
+                            &mut ev,
+                            &stage,
+                            &run_id,
+                            "subagent.run.rejected",
+                            json!({"code": code, "message": message}),
+                        );
+                        std::fs::rename(&stage, &dir)?;
+                        fsync_dir(&l.runs())
+                    });
+                    if let Err(e) = built {
+                        let _ = std::fs::remove_dir_all(&stage);
+                        // Taken meanwhile (another host's run): not ours to publish.
+                        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+                            return Ok(());
+                        }
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            results::publish_result(&l, &status)?;
+            index::mark_terminal(&l, &status)?;
+            index::unmark_active(&l, &run_id, status.tool_call_id.as_deref())
+        }),
+    )
+}
+
+/// At start, finish rejections cut short by a crash, for entries moved into
+/// rejected/ since `since_ms`: a missing error file is written again (the
+/// checks are deterministic, so re-checking finds the reason), and a missing
+/// `rejected` run for a body with a valid, unused run id is created.
+pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms: i64) {
+    let Ok(rd) = std::fs::read_dir(l.rejected()) else { return };
+    let names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+    let set: std::collections::HashSet<&String> = names.iter().collect();
+    for name in &names {
+        if name.starts_with('.') || name.ends_with(ERROR_FILE_SUFFIX) {
+            continue;
+        }
+        let stem = name.strip_suffix(".json").unwrap_or(name);
+        let (entry, err) = (l.rejected_entry(name), format!("{stem}{ERROR_FILE_SUFFIX}"));
+        let Ok(md) = std::fs::symlink_metadata(&entry) else { continue };
+        // The rename into rejected/ set the ctime: older entries were settled by an earlier start.
+        if md.ctime() * 1000 + md.ctime_nsec() / 1_000_000 < since_ms || err.len() > 255 {
+            continue;
+        }
+        // A client withdrawing this entry (`withdraw`) holds its lock from the
+        // move until its error file and run are written: leave it to them,
+        // and look at the error file again once the lock is ours.
+        let _held = match md.is_file().then(|| fsutil::open_read(&entry)) {
+            Some(Ok(f)) => match fsutil::flock(&f, true) {
+                Ok(false) => continue,
+                _ => Some(f),
+            },
+            _ => None,
+        };
+        let r = if set.contains(&err) || l.rejected_entry(&err).exists() {
+            match fsutil::read_nofollow(&l.rejected_entry(&err), 64 * 1024)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            {
+                Some(v) => Rejection::new(
+                    // A code this daemon does not know is read back as `invalid-field`.
+                    v["code"].as_str().and_then(RejectionCode::parse).unwrap_or(RejectionCode::InvalidField),
+                    v["message"].as_str().unwrap_or("").to_string(),
+                ),
+                None => continue,
+            }
+        } else {
+            let r = recheck(&entry, name, ctx);
+            match write_error_file(w, &l.rejected_entry(&err), name, &r) {
+                Ok(()) => tracing::info!(request = %name, code = r.code.as_str(), "wrote the missing rejection file"),
+                Err(e) => {
+                    tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
+                    continue;
+                }
+            }
+            r
+        };
+        if r.code == RejectionCode::DuplicateRunId || check_entry(&entry, &md).is_err() {
+            continue;
+        }
+        let Ok(raw) = fsutil::read_nofollow(&entry, MAX_REQUEST_BYTES + 1) else { continue };
+        let Ok(body) = serde_json::from_slice::<Value>(&raw) else { continue };
+        let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)) else { continue };
+        if RunPaths::status(&l.run_dir(id)).exists() || RunPaths::request(&l.run_dir(id)).exists() {
+            continue;
+        }
+        match rejected_run(w, l, id, &body, &r) {
+            Ok(()) => tracing::info!(run_id = id, request = %name, "created the missing rejected run"),
+            Err(e) => tracing::warn!(run_id = id, error = %e, "could not create the missing rejected run"),
+        }
+    }
+}
+
+fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
+    let unknown = || {
+        Rejection::new(
+            RejectionCode::InvalidJson,
+            "the reason for this rejection was lost in a crash; resubmit the request".to_string(),
+        )
+    };
+    if classify_name(name) == Name::Bad {
+        return Rejection::new(
+            RejectionCode::BadName,
+            format!("the name `{}` is not a valid request name", name.escape_debug()),
+        );
+    }
+    let Ok(md) = std::fs::symlink_metadata(path) else { return unknown() };
+    if let Err(r) = check_entry(path, &md) {
+        return r;
+    }
+    let Ok(raw) = fsutil::read_nofollow(path, MAX_REQUEST_BYTES + 1) else { return unknown() };
+    match request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)) {
+        Err(r) => r,
+        Ok(req) => match req.run_id {
+            Some(id) => Rejection::new(RejectionCode::DuplicateRunId, format!("run id `{id}` was already used")),
+            None => unknown(),
+        },
+    }
+}
