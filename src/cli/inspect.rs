@@ -367,7 +367,7 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     let path = if interrupt {
         let control = RunPaths::control(&dir);
         super::ensure_dir(&control)?;
-        control.join("interrupt.json")
+        control.join(crate::store::layout::CONTROL_INTERRUPT)
     } else {
         let inbox = RunPaths::stop_requests(&dir);
         super::ensure_dir(&inbox)?;

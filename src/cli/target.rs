@@ -105,7 +105,7 @@ fn exact(layout: &Layout, arg: &str) -> Option<Target> {
     if run_exists(layout, arg) {
         return Some(Target::Run(arg.to_string()));
     }
-    let error_file = layout.rejected().join(format!("{stem}.error.json"));
+    let error_file = layout.rejected_error_file(stem);
     if std::fs::symlink_metadata(&error_file).is_ok_and(|m| m.is_file()) {
         return Some(Target::Rejected { name: format!("{stem}.json"), error_file });
     }
@@ -180,7 +180,7 @@ pub(crate) fn await_claim(layout: &Layout, p: &Pending, give_up: Option<std::tim
         let half_claimed = RunPaths::request(&layout.run_dir(&p.run_id)).exists();
         if !in_spool && !half_claimed {
             let stem = p.name.trim_end_matches(".json");
-            if layout.rejected().join(format!("{stem}.error.json")).exists() {
+            if layout.rejected_error_file(stem).exists() {
                 return Ok(false);
             }
             let since = *gone_since.get_or_insert_with(std::time::Instant::now);
@@ -221,7 +221,7 @@ pub(crate) fn age(ms: i64) -> String {
 
 /// Where the error file of a rejection or withdrawal of the entry `name` is.
 pub(crate) fn error_file(layout: &Layout, name: &str) -> PathBuf {
-    layout.rejected().join(format!("{}.error.json", name.trim_end_matches(".json")))
+    layout.rejected_error_file(name.trim_end_matches(".json"))
 }
 
 /// Read an error file from rejected/: (code, message).

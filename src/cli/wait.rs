@@ -93,7 +93,7 @@ fn ended(id: &str, s: &Status, json: bool) -> anyhow::Result<i32> {
 /// why, print the error file with `json`; Some(2). None while there is none.
 fn rejected(layout: &Layout, name: &str, json: bool, progress: &mut Progress) -> anyhow::Result<Option<i32>> {
     let stem = name.trim_end_matches(".json");
-    let err = layout.rejected().join(format!("{stem}.error.json"));
+    let err = layout.rejected_error_file(stem);
     let Ok(b) = fsutil::read_nofollow(&err, 1 << 20) else { return Ok(None) };
     progress.clear();
     let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));

@@ -7,7 +7,7 @@ use super::{Msg, Runner};
 use crate::protocol::outcome::Halt;
 use crate::protocol::status::StepState;
 use crate::store::fsutil;
-use crate::store::layout::RunPaths;
+use crate::store::layout::{self, RunPaths};
 
 impl Runner {
     pub(super) fn watch_control(&mut self) {
@@ -35,9 +35,11 @@ impl Runner {
             self.on_stop_request(r);
         }
         let control = RunPaths::control(&self.dir);
-        for (name, kind) in
-            [("stop.json", Halt::Stop), ("timeout.json", Halt::Timeout), ("interrupt.json", Halt::Interrupt)]
-        {
+        for (name, kind) in [
+            (layout::CONTROL_STOP, Halt::Stop),
+            (layout::CONTROL_TIMEOUT, Halt::Timeout),
+            (layout::CONTROL_INTERRUPT, Halt::Interrupt),
+        ] {
             let p = control.join(name);
             let Ok(bytes) = fsutil::read_nofollow(&p, 64 * 1024) else { continue };
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(json!({}));

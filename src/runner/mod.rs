@@ -126,13 +126,13 @@ fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         type Dup2 = fn(&std::fs::File) -> nix::Result<()>;
-        let targets: [(&str, Dup2); 2] = [
-            ("runner.stdout.log", |f| nix::unistd::dup2_stdout(f)),
-            ("runner.stderr.log", |f| nix::unistd::dup2_stderr(f)),
+        let targets: [(PathBuf, Dup2); 2] = [
+            (RunPaths::runner_stdout_log(dir), |f| nix::unistd::dup2_stdout(f)),
+            (RunPaths::runner_stderr_log(dir), |f| nix::unistd::dup2_stderr(f)),
         ];
-        for (name, dup2) in targets {
+        for (path, dup2) in targets {
             // A FIFO or link a step planted in place of a log is refused without blocking.
-            if let Ok(f) = fsutil::open_append(&dir.join(name)) {
+            if let Ok(f) = fsutil::open_append(&path) {
                 // dup2 clears O_CLOEXEC on the new descriptor: it is our stdio from now on.
                 let _ = dup2(&f);
             }

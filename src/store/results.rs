@@ -124,7 +124,7 @@ pub fn write_terminal(
 /// `subagent.run.completed` event, indexes and result. True when this call
 /// ended it (a run no longer queued is left as it is).
 pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &str, message: &str, skip: &str) -> io::Result<bool> {
-    use crate::protocol::status::{State, StepState};
+    use crate::protocol::status::{OpenSteps, State, StepState};
     let now = crate::now_ms();
     let (msg, skip) = (message.to_string(), skip.to_string());
     let s = write_terminal(w, l, run_id, move |cur| {
@@ -132,16 +132,7 @@ pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &str, message: &str, skip
         if s.state != State::Queued {
             return None;
         }
-        for st in s.steps.iter_mut().filter(|st| matches!(st.status, StepState::Pending | StepState::Running)) {
-            st.status = StepState::Failed;
-            st.exit_code = Some(-1);
-            st.duration_ms = Some(0);
-            st.error = Some(skip.clone());
-        }
-        s.state = State::Failed;
-        s.ended_at = Some(now);
-        s.error = Some(msg);
-        s.exit_code = Some(1);
+        s.end(State::Failed, Some(msg), &OpenSteps::skipped(StepState::Failed, &skip), now);
         Some(s)
     })?;
     let failed = s.is_some_and(|s| s.state == State::Failed);

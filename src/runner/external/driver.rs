@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::{Ctl, Event, Kind, Outcome, Plan, REQUESTS, RESPONSES};
+use super::{Ctl, Event, Kind, Outcome, Plan};
 use crate::protocol::bridge::{validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
 use crate::runner::{Msg, Post};
 use crate::store::fsutil;
+use crate::store::layout::RunPaths;
 
 /// How often a job's status is asked for (§8.3).
 const POLL: Duration = Duration::from_secs(1);
@@ -66,8 +67,8 @@ impl Driver {
     pub(super) fn run(mut self, plan: Plan) {
         let o = self.drive(plan);
         for id in std::mem::take(&mut self.abandoned) {
-            let _ = fsutil::remove_if_exists(&self.dir.join(REQUESTS).join(format!("{id}.json")));
-            let _ = fsutil::remove_if_exists(&self.dir.join(RESPONSES).join(format!("{id}.json")));
+            let _ = fsutil::remove_if_exists(&RunPaths::bridge_request(&self.dir, &id));
+            let _ = fsutil::remove_if_exists(&RunPaths::bridge_response(&self.dir, &id));
         }
         self.tx.send(Msg::External(self.i, Event::Done(o)));
     }
@@ -325,8 +326,8 @@ impl Driver {
             created_at: crate::now_ms(),
             claimed_at: None,
         };
-        let path = self.dir.join(REQUESTS).join(format!("{id}.json"));
-        let resp_path = self.dir.join(RESPONSES).join(format!("{id}.json"));
+        let path = RunPaths::bridge_request(&self.dir, &id);
+        let resp_path = RunPaths::bridge_response(&self.dir, &id);
         let bytes = serde_json::to_vec_pretty(&req).unwrap_or_default();
         let mut backoff = Duration::from_millis(100);
         loop {

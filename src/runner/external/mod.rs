@@ -25,9 +25,6 @@ use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use driver::{request_id, Driver};
 
-const REQUESTS: &str = "external-job-requests";
-const RESPONSES: &str = "external-job-responses";
-
 /// What the driver thread reports to the runner loop.
 pub(super) enum Event {
     /// `steps[i].externalJob` changed; `line` goes to the step's output log.
@@ -122,12 +119,10 @@ impl Runner {
                 return None;
             }
         };
-        for d in [REQUESTS, RESPONSES] {
-            if let Err(e) = fsutil::mkdir_private(&self.dir.join(d)) {
-                let msg = format!(
-                    "cannot create {}: {e}; check the run directory's permissions and free space",
-                    self.dir.join(d).display()
-                );
+        for d in [RunPaths::bridge_requests(&self.dir), RunPaths::bridge_responses(&self.dir)] {
+            if let Err(e) = fsutil::mkdir_private(&d) {
+                let msg =
+                    format!("cannot create {}: {e}; check the run directory's permissions and free space", d.display());
                 self.fail_unstarted(i, &agent, &out, 1, msg, Some(Value::Object(ej)));
                 return None;
             }
