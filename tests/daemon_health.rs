@@ -261,3 +261,31 @@ fn frozen_daemon_is_reported_unresponsive() {
     assert_eq!(env.wait_terminal(&id)["state"], "complete");
     assert!(env.term().success());
 }
+
+/// CPU ticks (utime + stime) the process has used, from /proc/<pid>/stat.
+fn cpu_ticks(pid: i64) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// An idle daemon sleeps: after a run (its listing of the spool, its
+/// runner's reads of control/) it does not wake itself. notify 8 reports
+/// the opens of a watched directory, so a daemon that treated every event as
+/// news listed the spool forever, at most of a core.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_idle_daemon_does_not_wake_itself() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let pid = env.daemon_pid().unwrap();
+    let (id, _) = env.submit(&request(Some("idle"), &env.work, vec![cmd_step("a", &["true"])]));
+    assert_eq!(env.wait_terminal(&id)["state"], "complete");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let used = cpu_ticks(pid) - before;
+    // A sleeping daemon uses next to nothing; a spinning one ~100 ticks a second.
+    assert!(used < 60, "the idle daemon used {used} CPU ticks in 3 s: it keeps waking itself\n{}", env.log_tail(20));
+}

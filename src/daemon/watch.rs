@@ -414,6 +414,9 @@ fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
                 let _ = tx.send(Hint::Rescan("the file-event queue overflowed".into()));
                 return;
             }
+            if !crate::platform::is_change(&ev.kind) {
+                return; // our own listing of the spool opened it
+            }
             for p in &ev.paths {
                 if *p == queue {
                     let _ = tx.send(Hint::Queue);

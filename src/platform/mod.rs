@@ -259,3 +259,34 @@ pub fn inotify_usage() -> Option<crate::protocol::daemon::InotifyUsage> {
     #[cfg(not(target_os = "linux"))]
     None
 }
+
+/// Does a file event say that something changed? notify 8's inotify backend
+/// also reports opens and closes without a write (IN_OPEN, IN_CLOSE_NOWRITE),
+/// with no switch to turn them off: a watcher that lists a directory on every
+/// event would wake itself forever (its own listing opens the directory).
+/// Only changes, and the close of a file written in place, wake the daemon
+/// and the runner.
+pub fn is_change(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RenameMode};
+
+    #[test]
+    fn only_changes_wake() {
+        assert!(!super::is_change(&EventKind::Access(AccessKind::Open(AccessMode::Any))));
+        assert!(!super::is_change(&EventKind::Access(AccessKind::Close(AccessMode::Read))));
+        assert!(!super::is_change(&EventKind::Access(AccessKind::Read)));
+        assert!(super::is_change(&EventKind::Access(AccessKind::Close(AccessMode::Write))));
+        assert!(super::is_change(&EventKind::Create(CreateKind::File)));
+        assert!(super::is_change(&EventKind::Modify(ModifyKind::Name(RenameMode::To))));
+        assert!(super::is_change(&EventKind::Any));
+    }
+}

@@ -15,7 +15,11 @@ impl Runner {
         let control = RunPaths::control(&self.dir);
         let _ = fsutil::mkdir_private(&control);
         let post = self.post.clone();
-        let watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            // Our own reads of control/ are no news (`platform::is_change`).
+            if res.is_ok_and(|ev| !crate::platform::is_change(&ev.kind)) {
+                return;
+            }
             post.send(Msg::Control);
         });
         match watcher {

@@ -300,7 +300,7 @@ impl Bridge {
                 let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
                 let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
-                self.answer_and_remove(w, run_id, dir, id, &op, &prov, Err(f), &path);
+                self.answer_and_remove(w, Answer { run_id, dir, id, op: &op, provider: &prov }, Err(f));
                 return;
             }
         };
@@ -313,7 +313,8 @@ impl Bridge {
                         req.provider, req.provider
                     ),
                 );
-                self.answer_and_remove(w, run_id, dir, id, req.operation.as_str(), &req.provider, Err(f), &path);
+                let a = Answer { run_id, dir, id, op: req.operation.as_str(), provider: &req.provider };
+                self.answer_and_remove(w, a, Err(f));
             }
             // Otherwise another host may own the run: its requests are left alone.
             return;
@@ -350,23 +351,12 @@ impl Bridge {
 
     /// Answer in the loop (no provider involved), then remove the request under its lock.
     /// Never blocks: the request is opened through `fsutil::open_regular`.
-    #[allow(clippy::too_many_arguments)]
-    fn answer_and_remove(
-        &mut self,
-        w: &mut Writer,
-        run_id: &str,
-        dir: &Path,
-        id: &str,
-        op: &str,
-        provider: &str,
-        r: Result<Handle, Failure>,
-        path: &Path,
-    ) {
+    fn answer_and_remove(&mut self, w: &mut Writer, a: Answer<'_>, r: Result<Handle, Failure>) {
+        let Answer { run_id, dir, id, op, provider } = a;
+        let path = &RunPaths::bridge_request(dir, id);
         let lock = match fsutil::open_read(path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                return self.answer_non_regular(w, run_id, dir, id, op, provider, r, path)
-            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => return self.answer_non_regular(w, a, r),
             Err(_) => return,
         };
         if !matches!(fsutil::flock(&lock, true), Ok(true)) {
@@ -390,18 +380,9 @@ impl Bridge {
     /// symlink, directory) has no lock to take and nothing to read: answer it,
     /// then unlink it (`rmdir` for a directory, which removes only an empty
     /// one). What cannot be removed is remembered and not answered again.
-    #[allow(clippy::too_many_arguments)]
-    fn answer_non_regular(
-        &mut self,
-        w: &mut Writer,
-        run_id: &str,
-        dir: &Path,
-        id: &str,
-        op: &str,
-        provider: &str,
-        r: Result<Handle, Failure>,
-        path: &Path,
-    ) {
+    fn answer_non_regular(&mut self, w: &mut Writer, a: Answer<'_>, r: Result<Handle, Failure>) {
+        let Answer { run_id, dir, id, op, provider } = a;
+        let path = &RunPaths::bridge_request(dir, id);
         let Ok(md) = std::fs::symlink_metadata(path) else { return };
         if md.is_file() {
             return; // replaced by a regular file meanwhile: the next sweep reads it
@@ -453,6 +434,17 @@ impl Bridge {
         self.launched.insert(run_id.to_string(), v);
         v
     }
+}
+
+/// A request the loop answers itself (no provider involved): whose, where,
+/// and what it asked, for the response.
+#[derive(Clone, Copy)]
+struct Answer<'a> {
+    run_id: &'a str,
+    dir: &'a Path,
+    id: &'a str,
+    op: &'a str,
+    provider: &'a str,
 }
 
 /// The entries of a run's `external-job-requests/` by kind; dot names and

@@ -163,22 +163,21 @@ pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Valu
     w.then(
         format!("rejected run {run_id}"),
         Box::new(move || {
+            // The rejected run's files: its status and its one event.
+            let write_into = |d: &Path| -> io::Result<()> {
+                let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
+                fsutil::write_atomic(&RunPaths::status(d), &bytes, true)?;
+                let mut ev = Writer::new();
+                run::event(&mut ev, d, &run_id, "subagent.run.rejected", json!({"code": code, "message": message}));
+                Ok(())
+            };
             match run::read_status(&dir) {
                 Ok(Some(cur)) if !(cur.state == State::Rejected && cur.launched_by_runspool()) => return Ok(()), // not ours to touch
                 Ok(Some(_)) => {}
                 Ok(None) if run::claimed(&dir) => {
                     // A half-done claim whose request failed validation: the
                     // directory is ours already (request.json), so are temps in it.
-                    let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
-                    fsutil::write_atomic(&RunPaths::status(&dir), &bytes, true)?;
-                    let mut ev = Writer::new();
-                    run::event(
-                        &mut ev,
-                        &dir,
-                        &run_id,
-                        "subagent.run.rejected",
-                        json!({"code": code, "message": message}),
-                    );
+                    write_into(&dir)?;
                 }
                 Ok(None) => {
                     // Built complete in a dot-named staging directory, then
@@ -190,16 +189,7 @@ pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Valu
                     // removed at the next start, a live one's (a CLI at work) kept.
                     let stage = l.rejected_run_staging(std::process::id(), &uuid::Uuid::new_v4().to_string());
                     let built = mkdir_private(&stage).and_then(|_| {
-                        let bytes = serde_json::to_vec_pretty(&status).map_err(io::Error::other)?;
-                        fsutil::write_atomic(&RunPaths::status(&stage), &bytes, true)?;
-                        let mut ev = Writer::new();
-                        run::event(
-                            &mut ev,
-                            &stage,
-                            &run_id,
-                            "subagent.run.rejected",
-                            json!({"code": code, "message": message}),
-                        );
+                        write_into(&stage)?;
                         std::fs::rename(&stage, &dir)?;
                         fsync_dir(&l.runs())
                     });
