@@ -480,6 +480,16 @@ fn validate_provider(name: &str, p: &Provider) -> Result<(), String> {
     }
 }
 
+/// What request validation needs of the configuration (PROTOCOL §2.3).
+impl crate::protocol::request::Context for Config {
+    fn provider_configured(&self, name: &str) -> bool {
+        self.providers.contains_key(name)
+    }
+    fn default_timeout_ms(&self) -> u64 {
+        self.default_timeout_ms
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

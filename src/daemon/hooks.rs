@@ -26,7 +26,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -520,15 +520,11 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
         .stdin(Stdio::piped())
         .stdout(input.try_clone()?)
         .stderr(Stdio::from(input))
-        .process_group(0)
         .env("RUNSPOOL_RUN_ID", &s.run_id)
         .env("RUNSPOOL_STATE", s.state.as_str())
         .env("RUNSPOOL_RUN_DIR", dir)
         .env("RUNSPOOL_SESSION_ID", &s.session_id)
         .env("RUNSPOOL_EXIT_CODE", s.exit_code.unwrap_or(1).to_string());
-    for k in crate::platform::SCRUBBED_ENV {
-        cmd.env_remove(k);
-    }
     let child = cmd.spawn()?;
     // Our copies of the pipe's write end must close, or the copier never sees its end.
     drop(cmd);

@@ -96,6 +96,91 @@ pub fn write(l: &Layout, q: &QueueFile) -> io::Result<()> {
     fsutil::write_atomic(&path(l), &bytes, true)
 }
 
+/// The daemon's view of the queue file: what applies now (pause, the
+/// `maxRunning` override) and what identifies the version it was read from.
+/// An invalid or hostile file (FIFO, symlink, garbage) is logged once per
+/// version with the path and the fix and ignored: no pause, no override.
+#[derive(Default)]
+pub struct Control {
+    identity: Option<(u64, u64, u64, i64, i64, i64, i64)>,
+    file: Option<QueueFile>,
+    /// Why the file present is ignored.
+    error: Option<String>,
+    /// When this daemon saw the pause, for a file without `pausedAt`.
+    seen_paused_at: Option<i64>,
+}
+
+impl Control {
+    pub fn paused(&self) -> bool {
+        self.file.as_ref().is_some_and(|q| q.paused)
+    }
+
+    /// The file's `maxRunning` when set, else `configured` (the config's `max_running`).
+    pub fn max_running(&self, configured: usize) -> usize {
+        self.overriding().unwrap_or(configured)
+    }
+
+    /// The file's `maxRunning`, which overrides the config's until cleared.
+    pub fn overriding(&self) -> Option<usize> {
+        self.file.as_ref().and_then(|q| q.max_running)
+    }
+
+    /// daemon.json's `queue` object.
+    pub fn info(&self, configured: usize) -> crate::protocol::daemon::QueueInfo {
+        let q = self.file.as_ref();
+        let paused = self.paused();
+        crate::protocol::daemon::QueueInfo {
+            paused,
+            since: paused.then(|| q.and_then(|q| q.paused_at).or(self.seen_paused_at)).flatten(),
+            reason: q.filter(|_| paused).and_then(|q| q.reason.clone()),
+            max_running: self.max_running(configured),
+            max_running_override: self.overriding(),
+            error: self.error.clone(),
+        }
+    }
+
+    /// Re-read the file when it changed (one lstat when it did not). True
+    /// when the queue was resumed: what waits in the spool is claimed now.
+    pub fn check(&mut self, l: &Layout, configured: usize) -> bool {
+        let path = path(l);
+        let identity = identity(&path);
+        if identity.is_some() && identity == self.identity {
+            return false;
+        }
+        if identity.is_none() && self.identity.is_none() && self.file.is_none() && self.error.is_none() {
+            return false;
+        }
+        let (was_paused, was_max) = (self.paused(), self.max_running(configured));
+        let (file, error) = match read_file(&path) {
+            Ok(f) => (f, None),
+            Err(ReadError::Invalid(e)) => {
+                tracing::warn!(queue = %path.display(), "queue file ignored (not paused, config max_running): {e}");
+                (None, Some(e))
+            }
+            Err(ReadError::Io(e)) => {
+                // Keep what applies; the identity stays unrecorded, so the next turn tries again.
+                tracing::warn!(queue = %path.display(), "{e}; keeping the current queue control and retrying");
+                return false;
+            }
+        };
+        (self.identity, self.file, self.error) = (identity, file, error);
+        let paused = self.paused();
+        if self.max_running(configured) != was_max {
+            tracing::info!(queue = %path.display(), "max_running is now {} (was {was_max})", self.max_running(configured));
+        }
+        if paused && !was_paused {
+            self.seen_paused_at = Some(crate::now_ms());
+            let reason = self.file.as_ref().and_then(|q| q.reason.clone()).unwrap_or_default();
+            tracing::info!(queue = %path.display(), reason = %reason, "queue paused: nothing is claimed or started until `runspool resume`");
+        } else if !paused && was_paused {
+            self.seen_paused_at = None;
+            tracing::info!(queue = %path.display(), "queue resumed: claiming and starting again");
+            return true;
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,165 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::store::Layout;
+use super::watch::{self, Watch};
+use crate::config::Config;
+use crate::protocol::daemon::{ConfigInfo, DaemonStatus, QueueInfo, RunCounts, StorageInfo, WatchInfo};
+use crate::store::{Layout, Writer};
+
+/// Run counts in daemon.json and STATUS= lag by at most this much.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+/// daemon.json is rewritten at least this often (its `updatedAt` says the daemon lives).
+const REPORT_AT_LEAST: Duration = Duration::from_secs(60);
+
+/// What the rest of the daemon knows that daemon.json reports.
+pub struct Facts {
+    pub runs: RunCounts,
+    pub queue: QueueInfo,
+    /// Why storage is `degraded`; None: `ok`.
+    pub degraded: Option<String>,
+    pub last_rescan_at: Option<i64>,
+    pub min_free_bytes: u64,
+}
+
+/// The report part: daemon.json as last written, the reserve that lets it
+/// be written on a full filesystem, and the systemd watchdog.
+pub struct Reporter {
+    status: DaemonStatus,
+    reserve: Reserve,
+    last_write: Instant,
+    /// Counts changed but were written less than REPORT_EVERY ago.
+    due: Option<Instant>,
+    watchdog: Option<Duration>,
+    last_watchdog: Instant,
+}
+
+impl Reporter {
+    pub fn new(l: &Layout, cfg: &Config, config_path: Option<&Path>, w: &Watch) -> Reporter {
+        let pid = std::process::id();
+        let now = crate::now_ms();
+        let status = DaemonStatus {
+            version: 1,
+            pid,
+            hostname: crate::platform::hostname(),
+            start_identity: crate::platform::start_identity(pid),
+            started_at: now,
+            updated_at: now,
+            runspool_version: env!("CARGO_PKG_VERSION").to_string(),
+            watch: WatchInfo {
+                strategy: w.strategy_name().into(),
+                backend: w.choice.backend.into(),
+                reason: w.choice.reason.clone(),
+                fs_type: watch::fs_type(&l.root),
+                inotify: crate::platform::inotify_usage(),
+            },
+            storage: StorageInfo {
+                state: "ok".into(),
+                reason: None,
+                since: None,
+                min_free_bytes: Some(cfg.storage.min_free_bytes),
+            },
+            runs: RunCounts { queued: 0, running: 0 },
+            last_rescan_at: None,
+            config: Some(cfg.info(config_path)),
+            queue: None,
+        };
+        let reserve = Reserve::new(l);
+        let now = Instant::now();
+        Reporter { status, reserve, last_write: now, due: None, watchdog: watchdog_interval(), last_watchdog: now }
+    }
+
+    pub fn set_config(&mut self, info: ConfigInfo) {
+        self.status.config = Some(info);
+    }
+
+    /// Write daemon.json (and STATUS=) when something changed: a change of
+    /// storage, watch or queue state at once, run counts at most every
+    /// REPORT_EVERY, and at least every minute. `force`: now, whatever changed.
+    pub fn write(&mut self, w: &mut Writer, l: &Layout, watch: &Watch, facts: Facts, force: bool) {
+        let mut r = self.status.clone();
+        r.last_rescan_at = facts.last_rescan_at;
+        if r.watch.backend != watch.choice.backend.as_str() {
+            r.watch.inotify = crate::platform::inotify_usage();
+        }
+        r.watch.strategy = watch.strategy_name().into();
+        r.watch.backend = watch.choice.backend.into();
+        r.watch.reason = watch.choice.reason.clone();
+        r.runs = facts.runs;
+        r.queue = Some(facts.queue);
+        let min_free_bytes = Some(facts.min_free_bytes);
+        r.storage = match facts.degraded {
+            Some(reason) => StorageInfo {
+                min_free_bytes,
+                state: "degraded".into(),
+                since: Some(
+                    self.status
+                        .storage
+                        .since
+                        .filter(|_| self.status.storage.state == "degraded")
+                        .unwrap_or_else(crate::now_ms),
+                ),
+                reason: Some(reason),
+            },
+            None => StorageInfo { state: "ok".into(), reason: None, since: None, min_free_bytes },
+        };
+        if !force && r.same_as(&self.status) && self.last_write.elapsed() < REPORT_AT_LEAST {
+            self.due = None;
+            return;
+        }
+        // Perf: run counts change with every claim and every exit; in a burst,
+        // rewriting daemon.json (and STATUS=) each time competed with the
+        // runners for the CPU.
+        let urgent = r.storage.state != self.status.storage.state
+            || r.watch.backend != self.status.watch.backend
+            || r.queue != self.status.queue;
+        if !force && !urgent && self.last_write.elapsed() < REPORT_EVERY {
+            self.due = Some(self.last_write + REPORT_EVERY);
+            return;
+        }
+        self.due = None;
+        sd_notify(&format!(
+            "STATUS=watching {}; {} running, {} queued; storage {}",
+            r.watch.backend, r.runs.running, r.runs.queued, r.storage.state
+        ));
+        r.updated_at = crate::now_ms();
+        let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
+        let path = l.daemon_json();
+        if let Err(e) = w.write(&path, bytes, false) {
+            tracing::warn!(error = %e, "cannot write daemon.json");
+        }
+        // A full filesystem must not keep daemon.json saying `ok`: spend the
+        // reserve on it (docs/watching-and-storage.md).
+        if w.pending_for(&path).is_some() && self.reserve.release() {
+            w.flush_path(&path);
+            self.reserve.take_back();
+        }
+        self.status = r;
+        self.last_write = Instant::now();
+    }
+
+    /// Grow the reserve back once there is room (tried every 10 s), and feed
+    /// the watchdog. It is fed from the loop itself, so a wedged loop gets
+    /// restarted.
+    pub fn turn(&mut self) {
+        self.reserve.ensure();
+        if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
+            sd_notify("WATCHDOG=1");
+            self.last_watchdog = Instant::now();
+        }
+    }
+
+    pub fn next_wake(&self) -> Option<Instant> {
+        [
+            Some(self.last_write + REPORT_AT_LEAST),
+            self.due,
+            self.reserve.next_wake(),
+            self.watchdog.map(|w| self.last_watchdog + w),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}
 
 /// Why the filesystem under `root` is too full to claim (PROTOCOL §11):
 /// free bytes below `min`, no free byte at all (whatever the floor, even

@@ -18,25 +18,7 @@ use notify::{RecursiveMode, Watcher};
 use crate::store::layout::{RunPaths, BRIDGE_REQUESTS, CONTROL_DIR, STOP_REQUESTS_DIR};
 use crate::store::Layout;
 
-#[derive(Debug)]
-pub enum Hint {
-    /// Something changed in the spool.
-    Spool,
-    /// `runspool/queue.json` changed (queue control).
-    Queue,
-    /// Something changed in a run's control inbox.
-    Control(String),
-    /// Events may have been lost (queue overflow): rescan everything.
-    Rescan(String),
-    /// The watcher itself failed: replace it, then rescan.
-    WatchFailed(String),
-    /// A signal (SIGTERM, SIGINT, SIGHUP, SIGCHLD).
-    Signal(i32),
-    /// A request file appeared in a run's `external-job-requests/`.
-    Bridge(String),
-    /// A bridge worker finished request `id` of `run_id` (`retry`: a recovery lookup failed).
-    BridgeDone { run_id: String, id: String, retry: bool },
-}
+use super::hint::Hint;
 
 /// How to watch: `watch.strategy` of the config (`Auto`, `Native`,
 /// `Poll`), and the strategy a `Choice` settled on (`Native` or `Poll`).

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::watch::{Hint, Watch};
+use super::hint::Hint;
+use super::watch::Watch;
 use crate::config::Config;
 use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
 use crate::providers::{self, Provider, Providers};

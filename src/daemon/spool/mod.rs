@@ -1,12 +1,15 @@
 //! The spool (PROTOCOL §2): scan, claim exactly once (`claim`), reject with
 //! a reason (`reject`), and a client's withdrawal of a pending request
-//! (`withdraw`). Here: entry names, outcomes, file identity, claim ids.
+//! (`withdraw`), and the daemon's part that works the spool off (`intake`).
+//! Here: entry names, outcomes, file identity, claim ids.
 
 mod claim;
+mod intake;
 mod reject;
 mod withdraw;
 
 pub use claim::{check_entry, ensure_queued_event, finish_claim, finish_half_claim, mark_claimed};
+pub use intake::{Gate, Intake};
 pub use reject::{recover_rejected, reject_entry, STAGING_PREFIX};
 pub use withdraw::{withdraw, Withdrawal};
 
@@ -17,7 +20,7 @@ use std::path::Path;
 use crate::platform::rename_noreplace;
 use crate::protocol::is_id;
 use crate::protocol::request::Context;
-use crate::protocol::status::{Status, StepState};
+use crate::protocol::status::Status;
 use crate::store::layout::RunPaths;
 use crate::store::{Layout, Writer};
 
@@ -195,16 +198,6 @@ pub fn claim_id(md: &std::fs::Metadata, name: &str) -> String {
 /// Is this run directory a claim that stopped between commit and status?
 pub fn is_half_claimed(dir: &Path) -> bool {
     RunPaths::request(dir).exists() && !RunPaths::status(dir).exists()
-}
-
-/// Steps that never ran, for runs ended before starting.
-pub fn skip_all(s: &mut Status, status: StepState, msg: &str) {
-    for st in s.steps.iter_mut().filter(|s| matches!(s.status, StepState::Pending | StepState::Running)) {
-        st.status = status.clone();
-        st.exit_code = Some(-1);
-        st.duration_ms = Some(0);
-        st.error = Some(msg.to_string());
-    }
 }
 
 #[cfg(test)]

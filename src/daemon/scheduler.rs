@@ -1,0 +1,350 @@
+//! The scheduler: queued runs in priority order, the queue control
+//! (`runspool/queue.json`: pause, the `maxRunning` override), the start
+//! backoff after a transient runner start failure, and the control inboxes
+//! of runs that have not started (a stop ends them `stopped`, PROTOCOL §9).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::queue;
+use super::supervisor::take_runner_lock;
+use super::watch::Watch;
+use super::{Effect, Env};
+use crate::protocol::control::{describe, parse_stop_request, StopRequest, MAX_STOP_REQUEST_BYTES};
+use crate::protocol::status::{OpenSteps, State, Status, StepState};
+use crate::store::layout::{RunPaths, CONTROL_INTERRUPT, CONTROL_STOP, CONTROL_TIMEOUT};
+use crate::store::{fsutil, results, run};
+
+/// The first and the longest delay before retrying a runner start that
+/// failed for a transient reason (EAGAIN, ENOMEM, ...).
+const SPAWN_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
+/// How often the control inboxes of recently queued runs are looked at, and
+/// how long a run stays queued before its inbox is watched instead (see
+/// `poll_inboxes`).
+const INBOX_POLL: Duration = Duration::from_secs(1);
+const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
+
+/// A queued run in the heap: higher priority first, then earlier claims.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Queued {
+    priority: i64,
+    order: Reverse<(i64, u64)>,
+    pub run_id: String,
+}
+
+#[derive(Default)]
+pub struct Scheduler {
+    heap: BinaryHeap<Queued>,
+    /// The runs still queued; a run stopped while queued leaves this set and
+    /// its heap entry is dropped when it comes up.
+    queued: HashSet<String>,
+    seq: u64,
+    pub ctl: queue::Control,
+    /// Queued runs whose control inbox is polled, not watched (yet), with
+    /// when they were queued.
+    polled_inboxes: VecDeque<(Instant, String)>,
+    next_inbox_poll: Option<Instant>,
+    /// After a transient runner start failure: no start before this, and the
+    /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
+    retry_at: Option<Instant>,
+    backoff: Option<Duration>,
+}
+
+impl Scheduler {
+    pub fn len(&self) -> usize {
+        self.queued.len()
+    }
+
+    pub fn contains(&self, run_id: &str) -> bool {
+        self.queued.contains(run_id)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &String> {
+        self.queued.iter()
+    }
+
+    pub fn enqueue(&mut self, s: &Status) {
+        if self.queued.insert(s.run_id.clone()) {
+            self.seq += 1;
+            let order = Reverse((s.queue.claimed_at, self.seq));
+            self.heap.push(Queued { priority: s.queue.priority, order, run_id: s.run_id.clone() });
+            self.poll_inbox(&s.run_id);
+        }
+    }
+
+    /// How many more runs may start when `running` run now.
+    pub fn free_slots(&self, running: usize, configured: usize) -> usize {
+        if self.ctl.paused() {
+            return 0;
+        }
+        self.ctl.max_running(configured).saturating_sub(running)
+    }
+
+    /// The next run to start, unless a start backoff is under way. It
+    /// leaves the queue (and its inbox is no longer watched: the runner
+    /// reads it from now on).
+    pub fn next_ready(&mut self, watch: &mut Watch) -> Option<Queued> {
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        self.retry_at = None;
+        while let Some(q) = self.heap.pop() {
+            if self.queued.remove(&q.run_id) {
+                watch.unwatch_control(&q.run_id);
+                return Some(q);
+            }
+            // Stopped while queued.
+        }
+        None
+    }
+
+    /// A runner started: the backoff is over.
+    pub fn started(&mut self) {
+        self.backoff = None;
+    }
+
+    /// The runner of `q` could not start for a transient reason: it goes
+    /// back in its place, and no run starts before a growing delay.
+    pub fn retry_later(&mut self, q: Queued) -> Duration {
+        let delay = self.backoff.map_or(SPAWN_RETRY_FIRST, |d| (d * 2).min(SPAWN_RETRY_MAX));
+        self.backoff = Some(delay);
+        self.retry_at = Some(Instant::now() + delay);
+        self.queued.insert(q.run_id.clone());
+        self.poll_inbox(&q.run_id);
+        self.heap.push(q);
+        delay
+    }
+
+    pub fn next_wake(&self) -> Option<Instant> {
+        let retry = self.retry_at.filter(|_| !self.queued.is_empty());
+        [retry, self.next_inbox_poll].into_iter().flatten().min()
+    }
+
+    fn poll_inbox(&mut self, run_id: &str) {
+        if self.polled_inboxes.is_empty() {
+            self.next_inbox_poll = Some(Instant::now() + INBOX_POLL);
+        }
+        self.polled_inboxes.push_back((Instant::now(), run_id.to_string()));
+    }
+
+    /// The control inboxes of runs queued for less than `INBOX_WATCH_AFTER`
+    /// are looked at every `INBOX_POLL` (one stat of `control/` each, which
+    /// usually does not exist); a run still queued after that has its inbox
+    /// created and watched. Perf: in a burst, runs that wait only seconds for a
+    /// slot cost no `mkdir` and no two synchronous round trips to the watcher
+    /// thread each (a tenth of the daemon's CPU per run); a stop of such a run
+    /// takes effect within about a second (PROTOCOL §9 sets no bound).
+    pub fn poll_inboxes(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
+        let now = Instant::now();
+        if self.next_inbox_poll.is_none_or(|t| now < t) {
+            return;
+        }
+        self.next_inbox_poll = Some(now + INBOX_POLL);
+        for (since, id) in std::mem::take(&mut self.polled_inboxes) {
+            if !self.queued.contains(&id) {
+                continue;
+            }
+            let dir = env.layout.run_dir(&id);
+            let control = RunPaths::control(&dir);
+            if now >= since + INBOX_WATCH_AFTER {
+                // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
+                let _ = fsutil::mkdir_private(&control);
+                let _ = fsutil::mkdir_private(&RunPaths::stop_requests(&dir));
+                env.watch.watch_control(&id);
+                self.control(env, &id, out); // what landed before the watch
+                continue;
+            }
+            if control.exists() {
+                self.control(env, &id, out);
+            }
+            if self.queued.contains(&id) {
+                self.polled_inboxes.push_back((since, id));
+            }
+        }
+        if self.polled_inboxes.is_empty() {
+            self.next_inbox_poll = None;
+        }
+    }
+
+    /// The control inbox of every queued run (the rescan: they may have changed unseen).
+    pub fn control_all(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
+        let ids: Vec<String> = self.queued.iter().cloned().collect();
+        for id in ids {
+            self.control(env, &id, out);
+        }
+    }
+
+    /// Act on the control inbox of a run that is still queued: it never
+    /// starts and ends `stopped` (PROTOCOL §9).
+    pub fn control(&mut self, env: &mut Env, run_id: &str, out: &mut Vec<Effect>) {
+        if !self.queued.contains(run_id) {
+            return;
+        }
+        let dir = env.layout.run_dir(run_id);
+        let control = RunPaths::control(&dir);
+        let legacy = [CONTROL_STOP, CONTROL_TIMEOUT, CONTROL_INTERRUPT].into_iter().find(|f| control.join(f).exists());
+        if legacy.is_none() && !stop_request_waiting(&dir) {
+            return;
+        }
+        let Ok(Some(_lock)) = take_runner_lock(&dir) else { return };
+        // 0.67's stop requests: one that names a step of the run is the
+        // runner's to honour (that step is skipped); any other stops the run.
+        let msg = match legacy {
+            Some(file) => format!("stopped before it started ({file} in the control inbox)"),
+            None => match take_run_level_stop(&dir) {
+                Some(r) => format!("{} before it started", describe(&r, "a stop request")),
+                None => return,
+            },
+        };
+        match stop_queued(env, run_id, &msg) {
+            Ok(true) => {
+                if let Some(file) = legacy {
+                    let _ = std::fs::remove_file(control.join(file));
+                }
+                tracing::info!(run_id, "stopped a queued run");
+                out.push(Effect::Ended(run_id.to_string()));
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(run_id, error = %e, "could not stop a queued run"),
+        }
+        self.queued.remove(run_id);
+        env.watch.unwatch_control(run_id);
+    }
+}
+
+/// End a queued run `stopped` with `msg`, its steps skipped, and record its
+/// events. False when it was no longer queued. The caller holds runner.lock.
+fn stop_queued(env: &mut Env, run_id: &str, msg: &str) -> std::io::Result<bool> {
+    let (m, now) = (msg.to_string(), crate::now_ms());
+    let s = results::write_terminal(env.w, env.layout, run_id, move |cur| {
+        let mut s = cur?;
+        if s.state != State::Queued {
+            return None;
+        }
+        let open = OpenSteps::skipped(StepState::Stopped, "skipped: the run was stopped before it started");
+        s.end(State::Stopped, Some(m), &open, now);
+        Some(s)
+    })?;
+    let Some(s) = s.filter(|s| s.state == State::Stopped) else { return Ok(false) };
+    let dir = env.layout.run_dir(run_id);
+    run::event(env.w, &dir, run_id, "subagent.run.stopped", json!({"message": msg}));
+    let done = json!({"status": "stopped", "durationMs": 0, "exitCode": s.exit_code});
+    run::event(env.w, &dir, run_id, "subagent.run.completed", done);
+    Ok(true)
+}
+
+/// A 0.67 stop request waits in a queued run's `control/stop-requests/`.
+fn stop_request_waiting(run_dir: &Path) -> bool {
+    std::fs::read_dir(RunPaths::stop_requests(run_dir))
+        .is_ok_and(|mut rd| rd.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
+}
+
+/// For a queued run: take the first stop request (in `ts` order) that stops
+/// the whole run, i.e. names no step of it; requests that name a step stay
+/// for the runner. Invalid requests are removed, as the runner would.
+fn take_run_level_stop(run_dir: &Path) -> Option<StopRequest> {
+    let steps = run::read_status(run_dir).ok().flatten().map(|s| s.steps.len()).unwrap_or(0);
+    let dir = RunPaths::stop_requests(run_dir);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
+        .collect();
+    names.sort();
+    for n in names {
+        let p = dir.join(&n);
+        match fsutil::read_nofollow(&p, MAX_STOP_REQUEST_BYTES).ok().and_then(|b| parse_stop_request(&b)) {
+            Some(r) if r.target_index.is_some_and(|t| (t as usize) < steps) => continue,
+            Some(r) => {
+                if std::fs::remove_file(&p).is_ok() {
+                    return Some(r);
+                }
+            }
+            None => {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(id: &str, priority: i64, claimed_at: i64) -> Status {
+        let mut s: Status = serde_json::from_value(json!({
+            "runId": id, "mode": "single", "state": "queued", "sessionId": "s",
+            "startedAt": claimed_at, "lastUpdate": claimed_at, "steps": [],
+        }))
+        .unwrap();
+        s.queue.priority = priority;
+        s.queue.claimed_at = claimed_at;
+        s
+    }
+
+    fn pop_all(s: &mut Scheduler) -> Vec<String> {
+        let mut order = Vec::new();
+        while let Some(q) = s.heap.pop() {
+            if s.queued.remove(&q.run_id) {
+                order.push(q.run_id);
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn higher_priority_first_then_claim_order() {
+        let mut s = Scheduler::default();
+        s.enqueue(&status("late-low", 0, 30));
+        s.enqueue(&status("early-low", 0, 10));
+        s.enqueue(&status("high", 5, 40));
+        s.enqueue(&status("same-time-second", 0, 10));
+        assert_eq!(pop_all(&mut s), ["high", "early-low", "same-time-second", "late-low"]);
+    }
+
+    #[test]
+    fn a_run_is_queued_once() {
+        let mut s = Scheduler::default();
+        s.enqueue(&status("a", 0, 1));
+        s.enqueue(&status("a", 9, 1));
+        assert_eq!(s.len(), 1);
+        assert_eq!(pop_all(&mut s), ["a"]);
+    }
+
+    #[test]
+    fn a_failed_start_backs_off_doubling_up_to_the_limit() {
+        let mut s = Scheduler::default();
+        s.enqueue(&status("a", 0, 1));
+        let q = s.heap.pop().unwrap();
+        s.queued.remove(&q.run_id);
+        let delays: Vec<Duration> = (0..8)
+            .map(|_| {
+                let q = Queued { priority: 0, order: Reverse((1, 1)), run_id: "a".into() };
+                s.queued.remove("a");
+                s.heap.clear();
+                s.retry_later(q)
+            })
+            .collect();
+        assert_eq!(delays[0], SPAWN_RETRY_FIRST);
+        assert_eq!(delays[1], SPAWN_RETRY_FIRST * 2);
+        assert_eq!(*delays.last().unwrap(), SPAWN_RETRY_MAX);
+        assert!(s.contains("a"), "the run went back in the queue");
+        assert!(s.next_wake().is_some_and(|t| t > Instant::now()), "the loop wakes for the retry");
+        s.started();
+        assert_eq!(s.backoff, None);
+    }
+
+    #[test]
+    fn no_slot_while_paused_or_full() {
+        let s = Scheduler::default();
+        assert_eq!(s.free_slots(1, 4), 3);
+        assert_eq!(s.free_slots(5, 4), 0);
+    }
+}

@@ -1,0 +1,162 @@
+//! Start-up: check the root, take the daemon lock, start the watcher, and
+//! rebuild the parts' state from disk (PROTOCOL §1, §12).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+use super::hint::{forward_signals, Hint};
+use super::recovery::Recovery;
+use super::storage::Storage;
+use super::supervisor::{RunnerProgram, Supervisor};
+use super::watch::{self, Watch};
+use super::{bridge, hooks, report, retention, spool, Daemon};
+use crate::config::Config;
+use crate::protocol::daemon::DaemonStatus;
+use crate::store::{fsutil, Layout, Writer};
+
+pub struct Options {
+    pub root: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Unsafe(#[from] crate::store::safety::SafetyError),
+    #[error("another runspool daemon (pid {pid}) is running on {root}; stop it first (`kill {pid}` or `runspool service stop`)")]
+    AlreadyRunning { pid: String, root: String },
+    #[error("{path}: {error}; check that the directory is writable by you")]
+    Io { path: String, error: std::io::Error },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {0}")]
+    Signals(std::io::Error),
+    #[error("{0}")]
+    Watch(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |error| StartError::Io { path: path.display().to_string(), error }
+}
+
+impl Daemon {
+    pub fn start(opts: Options) -> Result<Daemon, StartError> {
+        // Signals become hints for the loop before anything can see this
+        // daemon (daemon.json): a SIGHUP sent as soon as it appears is a
+        // reload, not the signal's default action (exit).
+        let (tx, rx) = channel::<Hint>();
+        forward_signals(tx.clone()).map_err(StartError::Signals)?;
+        let cfg = Config::load(opts.config.as_deref())?;
+        let layout = Layout::resolve(opts.root.as_deref(), cfg.root.as_deref());
+        let root_override = Layout::root_override(opts.root.as_deref());
+        for p in [layout.root.clone(), layout.spool(), layout.runs()] {
+            crate::store::safety::check_dir(&p)?;
+        }
+        for d in layout.dirs() {
+            fsutil::mkdir_private_all(&d).map_err(io_err(&d))?;
+        }
+        crate::store::safety::check_layout(&layout)?;
+        let lock = take_daemon_lock(&layout)?;
+        let mut watch = Watch::start(
+            &layout,
+            tx.clone(),
+            watch::Strategy::from_config(&cfg.watch.strategy),
+            Duration::from_millis(cfg.watch.poll_interval_ms),
+        )
+        .map_err(StartError::Watch)?;
+        // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
+        watch.add(&layout.daemon_dir());
+        let previous_start = std::fs::read(layout.daemon_json())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
+            .map(|d| d.started_at)
+            .unwrap_or(0);
+        let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
+        let mut d = Daemon {
+            report: report::Reporter::new(&layout, &cfg, opts.config.as_deref(), &watch),
+            recovery: Recovery::new(previous_start, Duration::from_secs(cfg.watch.rescan_interval_s)),
+            supervisor: Supervisor::new(RunnerProgram::find(&exe)),
+            scheduler: Default::default(),
+            intake: spool::Intake::default(),
+            storage: Storage::new(),
+            bridge: bridge::Bridge::new(&cfg, tx.clone()),
+            hooks: hooks::Hooks::new(&layout),
+            next_retention: Instant::now() + Duration::from_secs(3600),
+            layout,
+            cfg,
+            config_path: opts.config,
+            root_override,
+            w: Writer::new(),
+            _lock: lock,
+            tx,
+            rx,
+            watch,
+            watch_failed: None,
+            stopping: false,
+        };
+        d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
+        d.report.turn(); // the storage reserve, before daemon.json needs it
+        d.write_report(true);
+        d.recover();
+        // The re-adopted counts at once, not after the report debounce.
+        d.write_report(true);
+        retention::sweep(&d.layout, d.cfg.retention_days);
+        tracing::info!(
+            root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
+            queued = d.scheduler.len(), running = d.supervisor.len(),
+            runner = %d.supervisor.program().path.display(), "runspool daemon started"
+        );
+        Ok(d)
+    }
+}
+
+/// How long a busy `daemon.lock` whose recorded holder is gone is retried.
+const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
+
+/// Take `daemon.lock` (PROTOCOL §1: one daemon per root). The lock is opened
+/// `O_CLOEXEC`, yet a child forked by a daemon that was just SIGKILLed (a
+/// runner between fork and exec, a provider or hook being spawned) briefly
+/// shares its open file description and with it the lock. So a busy lock is
+/// refused at once only while the daemon named by daemon.json is alive (same
+/// pid and start identity); when that daemon is gone, or daemon.json names no
+/// one yet, it is retried for `LOCK_HOLDER_GONE_WAIT` before refusing.
+fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
+    let lock_path = layout.daemon_lock();
+    let deadline = Instant::now() + LOCK_HOLDER_GONE_WAIT;
+    let mut waited = false;
+    loop {
+        if let Some(lock) = fsutil::lock(&lock_path, true).map_err(io_err(&lock_path))? {
+            if waited {
+                tracing::info!(lock = %lock_path.display(), "daemon.lock released by the children of a dead daemon");
+            }
+            return Ok(lock);
+        }
+        let holder = fsutil::read_nofollow(&layout.daemon_json(), 1024 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let alive = pid.is_some_and(|pid| {
+            let pid = pid as u32;
+            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            crate::platform::pid_alive(pid)
+                && match (recorded, crate::platform::start_identity(pid)) {
+                    (Some(r), Some(now)) => r == now,
+                    _ => true,
+                }
+        });
+        if alive || Instant::now() >= deadline {
+            let pid = pid.map(|p| p.to_string()).unwrap_or_else(|| "unknown".into());
+            return Err(StartError::AlreadyRunning { pid, root: layout.root.display().to_string() });
+        }
+        if !waited {
+            tracing::info!(
+                lock = %lock_path.display(),
+                "daemon.lock is busy but the daemon daemon.json names is gone; waiting for its children to exec"
+            );
+            waited = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,82 @@
+//! May the daemon claim now? The root's directories must still pass the
+//! start-up safety check, and the filesystem under the root must have room
+//! (PROTOCOL §11). What fails is reported as storage `degraded`.
+
+use std::time::{Duration, Instant};
+
+use super::report::space_shortage;
+use crate::store::{Layout, Writer};
+
+/// Free space under the root is looked at this often besides before every
+/// claim scan, so daemon.json turns `degraded` (and back) within seconds on
+/// an idle daemon too. One statvfs.
+const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+pub struct Storage {
+    /// Why the filesystem is too full to claim (`report::space_shortage`).
+    low_space: Option<String>,
+    next_space_check: Instant,
+    /// Why the root, spool/ or the runs root fails `store::safety::check_dir` now.
+    unsafe_dir: Option<String>,
+}
+
+impl Storage {
+    pub fn new() -> Storage {
+        Storage { low_space: None, next_space_check: Instant::now() + SPACE_CHECK_EVERY, unsafe_dir: None }
+    }
+
+    /// Do the root, spool/ and the runs root still pass the start-up check
+    /// (`store::safety::check_dir`)? One replaced by a symlink, or loosened,
+    /// while we run is never followed: the error is logged once with the path
+    /// and the fix, daemon.json reports storage `degraded` with it, and
+    /// nothing is claimed until it is fixed. Three lstat calls.
+    pub fn dirs_safe(&mut self, l: &Layout) -> bool {
+        let bad = [l.root.clone(), l.spool(), l.runs()].iter().find_map(|p| crate::store::safety::check_dir(p).err());
+        match (&self.unsafe_dir, &bad) {
+            (None, Some(e)) => tracing::error!(root = %l.root.display(), "claiming stopped: {e}"),
+            (Some(_), None) => {
+                tracing::info!(root = %l.root.display(), "the root's directories are safe again: claiming resumed")
+            }
+            _ => {}
+        }
+        self.unsafe_dir = bad.map(|e| e.to_string());
+        self.unsafe_dir.is_none()
+    }
+
+    pub fn space_check_due(&self, now: Instant) -> bool {
+        now >= self.next_space_check
+    }
+
+    /// Look at the free space (one statvfs). True when it just came back
+    /// above the floor: what waited in the spool is claimed at once.
+    pub fn check_space(&mut self, l: &Layout, min_free_bytes: u64) -> bool {
+        self.next_space_check = Instant::now() + SPACE_CHECK_EVERY;
+        let low = space_shortage(&l.root, min_free_bytes);
+        match (&self.low_space, &low) {
+            (None, Some(r)) => tracing::warn!(reason = %r, "storage low: claiming paused"),
+            (Some(_), None) => tracing::info!("storage space back above the floor: claiming resumed"),
+            _ => {}
+        }
+        let back = self.low_space.is_some() && low.is_none();
+        self.low_space = low;
+        back
+    }
+
+    /// Is there room to claim? Below the free-space floor, or with writes
+    /// still deferred, the spool is left alone.
+    pub fn room_to_claim(&mut self, l: &Layout, min_free_bytes: u64, w: &Writer) -> bool {
+        self.check_space(l, min_free_bytes);
+        self.low_space.is_none() && w.is_idle()
+    }
+
+    /// Why storage is `degraded` in daemon.json, if it is.
+    pub fn degraded(&self, w: &Writer) -> Option<String> {
+        self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| w.last_error.clone())
+    }
+
+    /// The next space check; once a second while space is low.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let soon = self.low_space.as_ref().map(|_| Instant::now() + Duration::from_secs(1));
+        Some(soon.map_or(self.next_space_check, |s| s.min(self.next_space_check)))
+    }
+}

@@ -1,0 +1,246 @@
+//! The supervisor: the runs that have a runner (started by this daemon or
+//! re-adopted), their slots, reaping, liveness by `runner.lock`, and the
+//! repair of runs whose runner died (PROTOCOL §12).
+
+mod program;
+mod repair;
+
+use std::collections::HashMap;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use super::bridge::Bridge;
+use super::dead_runner::DeadRunners;
+use super::{Effect, Env};
+use crate::store::fsutil::is_capacity;
+use crate::store::run;
+pub use program::{RunnerProgram, SpawnError};
+pub use repair::{ensure_published_status, take_runner_lock};
+
+struct Slot {
+    /// None: a runner this daemon did not start (re-adopted); watched by its lock.
+    child: Option<Child>,
+}
+
+/// What became of a start (`Supervisor::start`).
+pub enum Start {
+    Started,
+    /// A transient failure (EAGAIN, ENOMEM, a full descriptor table): the
+    /// run stays queued and the start is retried later.
+    Retry {
+        message: String,
+    },
+    /// The run could not start and ended `failed`, or a runner turned out
+    /// to hold its lock after all (then it is supervised as running).
+    Failed,
+}
+
+pub struct Supervisor {
+    running: HashMap<String, Slot>,
+    /// Runs whose runner exited, to be settled by `check`.
+    settling: Vec<String>,
+    /// Dead runners' processes and external jobs, cleared before their run is repaired.
+    dead: DeadRunners,
+    program: RunnerProgram,
+}
+
+impl Supervisor {
+    pub fn new(program: RunnerProgram) -> Supervisor {
+        Supervisor { running: HashMap::new(), settling: Vec::new(), dead: DeadRunners::default(), program }
+    }
+
+    pub fn program(&self) -> &RunnerProgram {
+        &self.program
+    }
+
+    /// Runs holding a slot (what `max_running` counts).
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty() && self.settling.is_empty()
+    }
+
+    /// Does this run have a runner, or is it being settled?
+    pub fn knows(&self, run_id: &str) -> bool {
+        self.running.contains_key(run_id) || self.settling.iter().any(|s| s == run_id)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &String> {
+        self.running.keys().chain(self.settling.iter())
+    }
+
+    /// Runs whose external-job requests the bridge services: every running
+    /// run but those whose dead runner is being cleaned up.
+    pub fn bridged(&self) -> impl Iterator<Item = &String> {
+        self.running.keys().filter(|id| !self.dead.holds(id))
+    }
+
+    /// Supervise a run whose runner this daemon did not start.
+    pub fn adopt(&mut self, run_id: String) {
+        self.running.entry(run_id).or_insert(Slot { child: None });
+    }
+
+    /// Start the runner of a queued run.
+    pub fn start(&mut self, env: &mut Env, run_id: &str, out: &mut Vec<Effect>) -> Start {
+        let dir = env.layout.run_dir(run_id);
+        match self.program.start(&dir) {
+            Ok(child) => {
+                env.w.outside_ok();
+                tracing::info!(run_id, runner_pid = child.id(), "runner started");
+                self.running.insert(run_id.to_string(), Slot { child: Some(child) });
+                Start::Started
+            }
+            Err(SpawnError::Transient { error, message }) => {
+                if is_capacity(&error) {
+                    env.w.capacity_error(&dir, &error);
+                }
+                Start::Retry { message }
+            }
+            Err(SpawnError::Permanent { message }) => {
+                tracing::error!(run_id, runner = %self.program.describe(), "{message}; the run fails");
+                self.fail_unstartable(env, run_id, &message, out);
+                Start::Failed
+            }
+        }
+    }
+
+    /// A queued run whose runner cannot be started ends `failed` with the
+    /// reason, which names the errno and the runner program.
+    fn fail_unstartable(&mut self, env: &mut Env, run_id: &str, message: &str, out: &mut Vec<Effect>) {
+        let dir = env.layout.run_dir(run_id);
+        match take_runner_lock(&dir) {
+            Ok(Some(_lock)) => match repair::fail_unstartable(env.w, env.layout, run_id, message) {
+                Ok(true) => out.push(Effect::Ended(run_id.to_string())),
+                Ok(false) => {}
+                Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+            },
+            // Some runner holds it after all: `check` watches it.
+            Ok(None) => self.adopt(run_id.to_string()),
+            Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+        }
+    }
+
+    /// Free the slots of runners that exited. Perf: the loop reaps, starts
+    /// queued runs, and only then settles the finished ones (`check`:
+    /// runner lock, status, published markers), so the next queued run
+    /// starts without waiting for that.
+    pub fn reap(&mut self) {
+        let mut exited = Vec::new();
+        for (id, slot) in &mut self.running {
+            let Some(child) = slot.child.as_mut() else { continue };
+            match child.try_wait() {
+                Ok(None) => {} // our child, still alive
+                Ok(Some(st)) => {
+                    if !st.success() {
+                        tracing::warn!(run_id = %id, status = %st, "runner exited abnormally");
+                    }
+                    exited.push(id.clone());
+                }
+                Err(_) => exited.push(id.clone()),
+            }
+        }
+        for id in exited {
+            self.running.remove(&id);
+            self.settling.push(id);
+        }
+    }
+
+    /// Settle the runs whose runner `reap` saw exit, and check runners we did
+    /// not start (re-adopted ones) by their lock; repair the dead ones.
+    pub fn check(&mut self, env: &mut Env, bridge: &Bridge, out: &mut Vec<Effect>) {
+        let childless = self.running.iter().filter(|(_, s)| s.child.is_none()).map(|(id, _)| (id.clone(), false));
+        let ids: Vec<(String, bool)> =
+            std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();
+        for (id, reaped) in ids {
+            match self.settle(env, bridge, &id) {
+                Settle::Alive => {
+                    if reaped {
+                        self.adopt(id);
+                    }
+                }
+                Settle::Held => self.adopt(id),
+                Settle::Later => {
+                    if reaped {
+                        self.settling.push(id);
+                    }
+                }
+                Settle::Ended => {
+                    self.running.remove(&id);
+                    out.push(Effect::Ended(id));
+                }
+                Settle::Forget => {
+                    self.running.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// One run of `check`: is its runner alive, and if not, its run repaired
+    /// (or its publication finished)?
+    fn settle(&mut self, env: &mut Env, bridge: &Bridge, id: &str) -> Settle {
+        let dir = env.layout.run_dir(id);
+        if !run::claimed(&dir) {
+            // Only runs we claimed get here; should one ever lose its
+            // request.json, taking its lock would write into a directory
+            // that may not be ours (§14).
+            tracing::warn!(run_id = %id, path = %dir.display(), "run has no request.json; no longer supervised");
+            return Settle::Forget;
+        }
+        let _lock = match take_runner_lock(&dir) {
+            // A live runner holds it (one we did not start, after ours exited).
+            Ok(None) => return Settle::Alive,
+            Ok(Some(lock)) => lock,
+            Err(e) if is_capacity(&e) => return Settle::Later,
+            Err(e) => {
+                tracing::error!(run_id = %id, error = %e, "cannot check the runner lock; forgetting the run");
+                return Settle::Forget;
+            }
+        };
+        let r = match run::read_status(&dir) {
+            // Its processes and external jobs are being cleared; the repair follows.
+            Ok(Some(s)) if s.state.is_active() && self.dead.hold_repair(bridge, &dir, id, &s) => return Settle::Held,
+            Ok(Some(s)) if s.state.is_active() => repair::repair(env.w, env.layout, id),
+            Ok(Some(s)) => ensure_published_status(env.w, env.layout, &s),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => env.w.outside_ok(),
+            Err(e) if is_capacity(&e) => {
+                env.w.capacity_error(&dir, &e);
+                return Settle::Later; // retried next turn
+            }
+            Err(e) => tracing::error!(run_id = %id, error = %e, "could not settle a finished run"),
+        }
+        Settle::Ended
+    }
+
+    /// Runners are checked once a second while there are any.
+    pub fn next_wake(&self) -> Option<Instant> {
+        (!self.is_empty()).then(|| Instant::now() + Duration::from_secs(1))
+    }
+
+    /// The daemon stops; runs keep running. Reap what already exited.
+    pub fn shutdown(&mut self) {
+        for slot in self.running.values_mut() {
+            if let Some(c) = slot.child.as_mut() {
+                let _ = c.try_wait();
+            }
+        }
+    }
+}
+
+enum Settle {
+    /// A live runner holds the lock.
+    Alive,
+    /// A dead runner's processes and jobs are being cleared: ask again.
+    Held,
+    /// A capacity error: try again next turn.
+    Later,
+    /// Settled (repaired, published, or nothing to do): the run has ended.
+    Ended,
+    /// Not ours to supervise, or its lock cannot be checked.
+    Forget,
+}
