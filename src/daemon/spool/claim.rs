@@ -17,59 +17,7 @@ use crate::store::layout::RunPaths;
 use crate::store::{index, run, Layout, Writer};
 
 use super::reject::{reject_entry_seen, rejected_run};
-use super::{claim_id, classify_name, republish, same_file, Claimer, FileId, Name, Outcome};
-
-fn reject_early(code: RejectionCode, msg: String) -> Result<(), Rejection> {
-    Err(Rejection::new(code, msg))
-}
-
-/// PROTOCOL §2.3 step 1: checks on the lstat of a spool entry.
-pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection> {
-    let p = path.display();
-    let ft = md.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_symlink() {
-            "a symbolic link"
-        } else {
-            "not a regular file (FIFO, socket or device)"
-        };
-        return reject_early(
-            RejectionCode::NotRegularFile,
-            format!("{p} is {kind}; publish requests as regular files"),
-        );
-    }
-    let uid = nix::unistd::geteuid().as_raw();
-    if md.uid() != uid {
-        return reject_early(
-            RejectionCode::BadOwner,
-            format!(
-                "{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests",
-                md.uid()
-            ),
-        );
-    }
-    if md.nlink() != 1 {
-        return reject_early(
-            RejectionCode::NotRegularFile,
-            format!("{p} has {} hard links; publish a fresh file (write a dot file, then rename it)", md.nlink()),
-        );
-    }
-    if md.mode() & 0o022 != 0 {
-        return reject_early(
-            RejectionCode::BadPermissions,
-            format!("{p} has mode {:o}, writable by group or others; create it with mode 0600", md.mode() & 0o7777),
-        );
-    }
-    if md.len() > MAX_REQUEST_BYTES {
-        return reject_early(
-            RejectionCode::TooLarge,
-            format!("{p} is {} bytes; a request may be at most {MAX_REQUEST_BYTES} bytes", md.len()),
-        );
-    }
-    Ok(())
-}
+use super::{check_entry, claim_id, classify_name, republish, same_file, Claimer, FileId, Name, Outcome};
 
 impl Claimer<'_> {
     /// Process one spool entry by name.

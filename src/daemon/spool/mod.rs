@@ -8,7 +8,7 @@ mod intake;
 mod reject;
 mod withdraw;
 
-pub use claim::{check_entry, ensure_queued_event, finish_claim, finish_half_claim, mark_claimed};
+pub use claim::{ensure_queued_event, finish_claim, finish_half_claim, mark_claimed};
 pub use intake::{Gate, Intake};
 pub use reject::{recover_rejected, reject_entry, STAGING_PREFIX};
 pub use withdraw::{withdraw, Withdrawal};
@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::platform::rename_noreplace;
 use crate::protocol::is_id;
-use crate::protocol::request::Context;
+use crate::protocol::request::{Context, Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::protocol::status::Status;
 use crate::store::layout::RunPaths;
 use crate::store::{Layout, Writer};
@@ -52,6 +52,54 @@ pub fn classify_name(name: &str) -> Name {
     } else {
         Name::Bad
     }
+}
+
+/// PROTOCOL §2.3 step 1: checks on the lstat of a spool entry.
+pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection> {
+    let p = path.display();
+    let ft = md.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_symlink() {
+            "a symbolic link"
+        } else {
+            "not a regular file (FIFO, socket or device)"
+        };
+        return Err(Rejection::new(
+            RejectionCode::NotRegularFile,
+            format!("{p} is {kind}; publish requests as regular files"),
+        ));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if md.uid() != uid {
+        return Err(Rejection::new(
+            RejectionCode::BadOwner,
+            format!(
+                "{p} is owned by uid {}, not by the daemon's uid {uid}; only the daemon's own user may submit requests",
+                md.uid()
+            ),
+        ));
+    }
+    if md.nlink() != 1 {
+        return Err(Rejection::new(
+            RejectionCode::NotRegularFile,
+            format!("{p} has {} hard links; publish a fresh file (write a dot file, then rename it)", md.nlink()),
+        ));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(Rejection::new(
+            RejectionCode::BadPermissions,
+            format!("{p} has mode {:o}, writable by group or others; create it with mode 0600", md.mode() & 0o7777),
+        ));
+    }
+    if md.len() > MAX_REQUEST_BYTES {
+        return Err(Rejection::new(
+            RejectionCode::TooLarge,
+            format!("{p} is {} bytes; a request may be at most {MAX_REQUEST_BYTES} bytes", md.len()),
+        ));
+    }
+    Ok(())
 }
 
 pub enum Outcome {

@@ -15,7 +15,7 @@ use crate::store::fsutil::{self, fsync_dir, mkdir_private};
 use crate::store::layout::{RunPaths, ERROR_FILE_SUFFIX};
 use crate::store::{index, results, run, Layout, Writer};
 
-use super::claim::check_entry;
+use super::check_entry;
 use super::{classify_name, republish, FileId, Name};
 
 /// Pick free names `<base>[-N].json` / `<base>[-N].error.json` in rejected/.

@@ -12,7 +12,7 @@ use crate::protocol::request::{Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::store::fsutil::{self};
 use crate::store::{Layout, Writer};
 
-use super::claim::check_entry;
+use super::check_entry;
 use super::reject::{reject_entry_seen, rejected_names};
 use super::{classify_name, same_file, FileId, Name};
 
