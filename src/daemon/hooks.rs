@@ -28,7 +28,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
@@ -37,6 +37,7 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Hooks as HookConfig;
+use crate::platform::exec::{self, Detach};
 use crate::protocol::status::{State, Status};
 use crate::store::{fsutil, results, run, Layout};
 
@@ -514,7 +515,7 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
     // bytes into hook.log, so a hook that prints without end fills no disk.
     let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     let output = std::fs::File::from(output);
-    let mut cmd = Command::new(&command[0]);
+    let mut cmd = exec::command(&command[0], Detach { own_group: true, die_with_thread: false });
     cmd.args(&command[1..])
         .current_dir(dir)
         .stdin(Stdio::piped())
