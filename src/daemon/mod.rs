@@ -12,12 +12,14 @@
 //! - `bridge`, `hooks`, `retention`, `watch` (file events as `Hint`s).
 //!
 //! Everything the daemon knows is on disk; a restart rebuilds the rest.
-//! Start-up is in `startup.rs`, SIGHUP in `reload.rs`.
+//! Start-up is in `startup.rs`, SIGHUP in `reload.rs`, `Env` and `Effect` in
+//! `part.rs`.
 
 pub mod bridge;
 pub mod dead_runner;
 pub mod hint;
 pub mod hooks;
+mod part;
 pub mod queue;
 mod recovery;
 mod reload;
@@ -37,39 +39,35 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::protocol::daemon::RunCounts;
-use crate::protocol::status::Status;
 use crate::store::{Layout, Writer};
 pub use hint::Hint;
+use part::{Effect, Env};
 use recovery::Recovery;
 use scheduler::Scheduler;
-pub use startup::{Options, StartError};
 use storage::Storage;
 use supervisor::{Start, Supervisor};
 use watch::Watch;
 
-/// What every part works with: the root, the configuration, the one writer
-/// (every capacity retry goes through it) and the watcher.
-pub struct Env<'a> {
-    pub layout: &'a Layout,
-    pub cfg: &'a Config,
-    pub w: &'a mut Writer,
-    pub watch: &'a mut Watch,
+/// How `runspool daemon` was asked to start (`Daemon::start`, in startup.rs).
+pub struct Options {
+    pub root: Option<PathBuf>,
+    pub config: Option<PathBuf>,
 }
 
-/// What a part wants of the others; the loop applies it (`Daemon::apply`).
-#[derive(Debug)]
-pub enum Effect {
-    /// A run to queue (claimed or recovered); its hooks follow it.
-    Queue(Box<Status>),
-    /// A run whose runner is not ours to spawn (re-adopted, or its lock is
-    /// held): supervise it; its hooks follow it.
-    Adopt(String),
-    /// A supervised run ended: its hooks fire.
-    Ended(String),
-    /// A claim committed but cut short: finished by its run directory.
-    Unfinished(String),
-    /// Look at the spool again now.
-    ClaimAgain,
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Unsafe(#[from] crate::store::safety::SafetyError),
+    #[error("another runspool daemon (pid {pid}) is running on {root}; stop it first (`kill {pid}` or `runspool service stop`)")]
+    AlreadyRunning { pid: String, root: String },
+    #[error("{path}: {error}; check that the directory is writable by you")]
+    Io { path: String, error: std::io::Error },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {0}")]
+    Signals(std::io::Error),
+    #[error("{0}")]
+    Watch(String),
 }
 
 pub struct Daemon {

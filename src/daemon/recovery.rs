@@ -10,9 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::part::{Effect, Env};
 use super::spool;
 use super::supervisor::ensure_published_status;
-use super::{Effect, Env};
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;

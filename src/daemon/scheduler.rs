@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::part::{Effect, Env};
 use super::queue;
 use super::supervisor::take_runner_lock;
 use super::watch::Watch;
-use super::{Effect, Env};
 use crate::protocol::control::{describe, parse_stop_request, StopRequest, MAX_STOP_REQUEST_BYTES};
 use crate::protocol::status::{OpenSteps, State, Status, StepState};
 use crate::store::layout::{RunPaths, CONTROL_INTERRUPT, CONTROL_STOP, CONTROL_TIMEOUT};

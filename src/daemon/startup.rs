@@ -2,7 +2,7 @@
 //! rebuild the parts' state from disk (PROTOCOL §1, §12).
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
@@ -11,31 +11,10 @@ use super::recovery::Recovery;
 use super::storage::Storage;
 use super::supervisor::{RunnerProgram, Supervisor};
 use super::watch::{self, Watch};
-use super::{bridge, hooks, report, retention, spool, Daemon};
+use super::{bridge, hooks, report, retention, spool, Daemon, Options, StartError};
 use crate::config::Config;
 use crate::protocol::daemon::DaemonStatus;
 use crate::store::{fsutil, Layout, Writer};
-
-pub struct Options {
-    pub root: Option<PathBuf>,
-    pub config: Option<PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Unsafe(#[from] crate::store::safety::SafetyError),
-    #[error("another runspool daemon (pid {pid}) is running on {root}; stop it first (`kill {pid}` or `runspool service stop`)")]
-    AlreadyRunning { pid: String, root: String },
-    #[error("{path}: {error}; check that the directory is writable by you")]
-    Io { path: String, error: std::io::Error },
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error("cannot install the signal handlers (SIGTERM, SIGINT, SIGHUP, SIGCHLD): {0}")]
-    Signals(std::io::Error),
-    #[error("{0}")]
-    Watch(String),
-}
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
     move |error| StartError::Io { path: path.display().to_string(), error }

@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use super::{classify_name, reject_entry, Claimer, Grace, Name, Outcome};
-use crate::daemon::{Effect, Env};
+use crate::daemon::part::{Effect, Env};
 use crate::protocol::request::{Rejection, RejectionCode};
 use crate::store::fsutil::is_capacity;
 

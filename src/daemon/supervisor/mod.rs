@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::bridge::Bridge;
 use super::dead_runner::DeadRunners;
-use super::{Effect, Env};
+use super::part::{Effect, Env};
 use crate::store::fsutil::is_capacity;
 use crate::store::run;
 pub use program::{RunnerProgram, SpawnError};

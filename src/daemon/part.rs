@@ -1,0 +1,33 @@
+//! What the daemon's parts share: the `Env` they work with, and the
+//! `Effect`s they hand back to the loop instead of calling each other.
+
+use crate::config::Config;
+use crate::protocol::status::Status;
+use crate::store::{Layout, Writer};
+
+use super::watch::Watch;
+
+/// What every part works with: the root, the configuration, the one writer
+/// (every capacity retry goes through it) and the watcher.
+pub struct Env<'a> {
+    pub layout: &'a Layout,
+    pub cfg: &'a Config,
+    pub w: &'a mut Writer,
+    pub watch: &'a mut Watch,
+}
+
+/// What a part wants of the others; the loop applies it (`Daemon::apply`).
+#[derive(Debug)]
+pub enum Effect {
+    /// A run to queue (claimed or recovered); its hooks follow it.
+    Queue(Box<Status>),
+    /// A run whose runner is not ours to spawn (re-adopted, or its lock is
+    /// held): supervise it; its hooks follow it.
+    Adopt(String),
+    /// A supervised run ended: its hooks fire.
+    Ended(String),
+    /// A claim committed but cut short: finished by its run directory.
+    Unfinished(String),
+    /// Look at the spool again now.
+    ClaimAgain,
+}
