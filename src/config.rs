@@ -182,6 +182,7 @@ impl Config {
     /// the SIGHUP report. Keys that only a restart applies say so; `root`
     /// says instead that it is ignored when `root_override` (the flag or
     /// variable that chose the root, see `Layout::root_override`) wins.
+    /// One comparison per configuration key, hence its length.
     pub fn changes_from(&self, old: &Config, root_override: Option<&str>) -> Vec<String> {
         let mut out = Vec::new();
         fn item(out: &mut Vec<String>, key: &str, a: String, b: String, restart: bool) {

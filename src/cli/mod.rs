@@ -408,6 +408,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     Ok(Duration::from_millis(ms as u64))
 }
 
+/// The dispatch: one short arm per subcommand, hence its length.
 pub fn main() -> i32 {
     // Perf: a runner is exec'd for every run, so `runspool runner DIR` skips
     // building clap's whole command tree (a tenth of its start-up time).

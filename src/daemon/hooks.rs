@@ -73,6 +73,25 @@ pub struct HookRecord {
     pub error: Option<String>,
 }
 
+impl HookRecord {
+    /// The record of a hook about to start, for a run that ended in `state`.
+    fn starting(hook: &str, command: &[String], state: &str) -> HookRecord {
+        HookRecord {
+            version: 1,
+            hook: hook.into(),
+            command: command.to_vec(),
+            state: state.into(),
+            started_at: crate::now_ms(),
+            pid: None,
+            ended_at: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            error: None,
+        }
+    }
+}
+
 pub fn record_path(run_dir: &Path) -> PathBuf {
     run_dir.join("hook.json")
 }
@@ -232,19 +251,7 @@ impl Hooks {
         if command.is_empty() {
             return self.forget(run_id);
         }
-        let mut record = HookRecord {
-            version: 1,
-            hook: name.into(),
-            command: command.clone(),
-            state: s.state.as_str().into(),
-            started_at: crate::now_ms(),
-            pid: None,
-            ended_at: None,
-            exit_code: None,
-            signal: None,
-            timed_out: false,
-            error: None,
-        };
+        let mut record = HookRecord::starting(name, command, s.state.as_str());
         // The claim on "firing": hook.json appears once, whoever gets there first.
         match create_record(&dir, &record) {
             Ok(true) => {}

@@ -113,6 +113,8 @@ pub struct Output {
 /// never outlives the daemon: it gets SIGKILL when the calling thread exits
 /// (PR_SET_PDEATHSIG), and this function does not return before it is
 /// reaped, so only the daemon's death can end that thread first.
+/// (One function on purpose: spawn, the copy threads, the deadline loop and
+/// the reap share the child and must not be split across early returns.)
 pub fn run_bounded(
     argv: &[String],
     stdin: &[u8],
