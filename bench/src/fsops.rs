@@ -164,3 +164,20 @@ mod tests {
         assert!(lock(&lock_path, true).unwrap().is_some());
     }
 }
+
+/// Does a file event say something changed? notify 8 also reports opens and
+/// read-only closes, so a watcher woken by them would wake itself forever
+/// by its own listing (and starve the pipeline it measures on a small
+/// machine). The same rule as runspool's `platform::is_change`; the bench
+/// does not link the library.
+pub fn is_change(r: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match r {
+        Ok(ev) => match ev.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+        Err(_) => true,
+    }
+}

@@ -327,8 +327,10 @@ pub fn latency(env: &Env, setup: &Setup) -> anyhow::Result<PueueLatency> {
     let marks = dir.join("marks");
     mkdirs(&marks)?;
     let (tx, rx) = channel();
-    let mut watcher = notify::recommended_watcher(move |_r: notify::Result<notify::Event>| {
-        let _ = tx.send(());
+    let mut watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+        if crate::fsops::is_change(&r) {
+            let _ = tx.send(());
+        }
     })?;
     watcher.watch(&marks, RecursiveMode::NonRecursive)?;
     let d = Pueued::start(&setup.tools, dir.join("pueue"), 2, keep)?;

@@ -40,6 +40,9 @@ pub fn daemon(root: &Path, max_running: usize) -> i32 {
     let (tx, rx) = channel::<Msg>();
     let tx2 = tx.clone();
     let mut watcher = match notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+        if !crate::fsops::is_change(&r) {
+            return;
+        }
         if let Ok(ev) = r {
             if ev.paths.iter().any(|p| p.file_name().is_some_and(|n| !n.to_string_lossy().starts_with('.'))) {
                 let _ = tx2.send(Msg::Spool);

@@ -68,8 +68,10 @@ struct Observer {
 impl Observer {
     fn new(runs: &Path) -> anyhow::Result<Observer> {
         let (tx, rx) = channel();
-        let mut watcher = notify::recommended_watcher(move |_r: notify::Result<notify::Event>| {
-            let _ = tx.send(());
+        let mut watcher = notify::recommended_watcher(move |r: notify::Result<notify::Event>| {
+            if crate::fsops::is_change(&r) {
+                let _ = tx.send(());
+            }
         })?;
         watcher.watch(runs, RecursiveMode::NonRecursive)?;
         Ok(Observer { watcher, rx })
