@@ -146,6 +146,23 @@ pub fn touch(path: &Path) -> io::Result<()> {
     open_checked(path, OpenOptions::new().write(true).create(true).truncate(false).mode(0o600), false).map(|_| ())
 }
 
+/// Does a file event say something changed? notify 8 also reports opens and
+/// read-only closes, so a watcher woken by them would wake itself forever
+/// by its own listing (and starve the pipeline it measures on a small
+/// machine). The same rule as runspool's `platform::is_change`; the bench
+/// does not link the library.
+pub fn is_change(r: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match r {
+        Ok(ev) => match ev.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,22 +179,5 @@ mod tests {
         assert!(lock(&lock_path, true).unwrap().is_none(), "a held lock must not be taken twice");
         drop(held);
         assert!(lock(&lock_path, true).unwrap().is_some());
-    }
-}
-
-/// Does a file event say something changed? notify 8 also reports opens and
-/// read-only closes, so a watcher woken by them would wake itself forever
-/// by its own listing (and starve the pipeline it measures on a small
-/// machine). The same rule as runspool's `platform::is_change`; the bench
-/// does not link the library.
-pub fn is_change(r: &notify::Result<notify::Event>) -> bool {
-    use notify::event::{AccessKind, AccessMode, EventKind};
-    match r {
-        Ok(ev) => match ev.kind {
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-            EventKind::Access(_) => false,
-            _ => true,
-        },
-        Err(_) => true,
     }
 }

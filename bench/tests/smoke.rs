@@ -77,3 +77,43 @@ fn bench_produces_its_report() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("bench.json")], "leftovers: {left:?}");
 }
+
+/// CPU time (user + system) of `pid` so far, in clock ticks.
+#[cfg(target_os = "linux")]
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    // Fields after the command name, which ends with the last ')'.
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The reference pipeline's daemon must sleep when nothing lands in its
+/// spool: a watcher that wakes on its own listings (notify 8 reports opens)
+/// spins, and on a two-core machine starves the pipeline being measured.
+/// Generous bound: half the CPU time the 3 s could take (a spin took ~75%).
+#[cfg(target_os = "linux")]
+#[test]
+fn the_reference_daemon_sleeps_when_idle() {
+    let root = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runspool-bench"))
+        .arg("__ref-daemon")
+        .arg(root.path())
+        .arg("2")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("the reference daemon starts");
+    let ready = root.path().join("ready");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(std::time::Instant::now() < deadline, "the reference daemon never wrote {}", ready.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = cpu_ticks(child.id());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let used = cpu_ticks(child.id()) - before;
+    let _ = child.kill();
+    let _ = child.wait();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    assert!(used < hz * 3 / 2, "the idle reference daemon used {used} ticks of CPU in 3 s ({hz} a second)");
+}
