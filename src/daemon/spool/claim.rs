@@ -16,7 +16,7 @@ use crate::store::fsutil::{self, fsync_dir, is_capacity};
 use crate::store::layout::RunPaths;
 use crate::store::{index, run, Layout, Writer};
 
-use super::reject::{reject_entry_seen, rejected_run};
+use super::reject::{reject_entry, rejected_run};
 use super::{check_entry, claim_id, classify_name, republish, same_file, Claimer, FileId, Name, Outcome};
 
 impl Claimer<'_> {
@@ -216,7 +216,7 @@ impl Claimer<'_> {
         run: Option<(String, Value)>,
         seen: Option<FileId>,
     ) -> Outcome {
-        match reject_entry_seen(self.w, self.layout, path, name, &r, run, seen) {
+        match reject_entry(self.w, self.layout, path, name, &r, run, seen) {
             Ok(true) => Outcome::Rejected,
             Ok(false) => Outcome::Later,
             Err(e) if is_capacity(&e) => Outcome::Capacity(e),

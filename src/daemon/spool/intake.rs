@@ -165,7 +165,7 @@ impl Intake {
                     RejectionCode::BadName,
                     "the file name is not valid UTF-8; use <name>.json with <name> matching [A-Za-z0-9][A-Za-z0-9._-]{0,199}",
                 );
-                let _ = reject_entry(env.w, env.layout, &e.path(), &lossy, &why, None);
+                let _ = reject_entry(env.w, env.layout, &e.path(), &lossy, &why, None, None);
                 continue;
             };
             if name == "rejected" || name.starts_with('.') {

@@ -33,21 +33,13 @@ pub(super) fn rejected_names(l: &Layout, name: &str, n: u32) -> (PathBuf, PathBu
     (l.rejected_entry(&entry), l.rejected_entry(&err))
 }
 
-pub fn reject_entry(
-    w: &mut Writer,
-    l: &Layout,
-    path: &Path,
-    name: &str,
-    r: &Rejection,
-    run: Option<(String, Value)>,
-) -> io::Result<()> {
-    reject_entry_seen(w, l, path, name, r, run, None).map(|_| ())
-}
-
-/// Ok(false): the entry at `path` was not the one `seen` described (replaced
-/// between the check and the move) and was put back for a fresh look.
+/// Move the spool entry at `path` (named `name`) to `rejected/` with its
+/// error file, and publish the rejected run `run` when there is one.
+/// With `seen`, Ok(false): the entry at `path` was not the one `seen`
+/// described (replaced between the check and the move) and was put back
+/// for a fresh look.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn reject_entry_seen(
+pub fn reject_entry(
     w: &mut Writer,
     l: &Layout,
     path: &Path,

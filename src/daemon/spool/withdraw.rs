@@ -13,7 +13,7 @@ use crate::store::fsutil::{self};
 use crate::store::{Layout, Writer};
 
 use super::check_entry;
-use super::reject::{reject_entry_seen, rejected_names};
+use super::reject::{reject_entry, rejected_names};
 use super::{classify_name, same_file, FileId, Name};
 
 /// What [`withdraw`] did.
@@ -91,7 +91,7 @@ pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal>
     let mut w = Writer::new();
     let r = Rejection::new(RejectionCode::Withdrawn, message.to_string());
     let run = run_id.clone().zip(body);
-    if !reject_entry_seen(&mut w, l, &path, name, &r, run, Some(seen))? {
+    if !reject_entry(&mut w, l, &path, name, &r, run, Some(seen))? {
         return Ok(Withdrawal::Gone);
     }
     // The error file and the rejected run wait out a full disk like the daemon's.
