@@ -366,11 +366,11 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     // form both know, control/interrupt.json.
     let path = if interrupt {
         let control = RunPaths::control(&dir);
-        super::ensure_dir(&control)?;
+        super::args::ensure_dir(&control)?;
         control.join(crate::store::layout::CONTROL_INTERRUPT)
     } else {
         let inbox = RunPaths::stop_requests(&dir);
-        super::ensure_dir(&inbox)?;
+        super::args::ensure_dir(&inbox)?;
         inbox.join(crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string()))
     };
     fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false)

@@ -1,6 +1,7 @@
 //! The `runspool` command line. Every command reads and writes the same
 //! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
 
+mod args;
 mod config_cmd;
 mod docs;
 mod doctor;
@@ -17,10 +18,10 @@ mod wait;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::store::Layout;
+use args::parse_duration;
 
 #[derive(Parser)]
 #[command(
@@ -382,32 +383,6 @@ enum ServiceCmd {
     },
 }
 
-/// Why a duration argument was refused (clap prints it after the argument's name).
-#[derive(Debug, thiserror::Error)]
-pub enum DurationError {
-    #[error("`{0}` is not a duration; use e.g. 500ms, 30s, 5m or 1h")]
-    NotANumber(String),
-    #[error("`{text}` has an unknown unit `{unit}`; use ms, s, m, h or d")]
-    UnknownUnit { text: String, unit: String },
-}
-
-/// Parse `500ms`, `30s`, `5m`, `1h`, `2d` or bare seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| DurationError::NotANumber(s.to_string()))?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n * 1e3,
-        "m" => n * 60e3,
-        "h" => n * 3600e3,
-        "d" => n * 86400e3,
-        _ => return Err(DurationError::UnknownUnit { text: s.to_string(), unit: unit.to_string() }),
-    };
-    Ok(Duration::from_millis(ms as u64))
-}
-
 /// The dispatch: one short arm per subcommand, hence its length.
 pub fn main() -> i32 {
     // Perf: a runner is exec'd for every run, so `runspool runner DIR` skips
@@ -518,23 +493,9 @@ fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
     }
 }
 
-pub(crate) fn ensure_dir(p: &Path) -> anyhow::Result<()> {
-    crate::store::fsutil::mkdir_private_all(p).with_context(|| format!("cannot create {}", p.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert!(matches!(parse_duration("5 parsecs"), Err(DurationError::UnknownUnit { .. })));
-        assert!(matches!(parse_duration("soon"), Err(DurationError::NotANumber(_))));
-    }
-
     /// `--help` never shows an argument or option with a blank help line.
     #[test]
     fn every_argument_has_help() {

@@ -31,7 +31,7 @@ fn load(layout: &Layout, fresh: bool) -> anyhow::Result<QueueFile> {
 fn locked(layout: &Layout) -> anyhow::Result<std::fs::File> {
     let dir = layout.daemon_dir();
     crate::store::safety::check_layout(layout)?;
-    super::ensure_dir(&dir)?;
+    super::args::ensure_dir(&dir)?;
     let p = dir.join("queue.lock");
     crate::store::fsutil::lock(&p, false)
         .with_context(|| format!("cannot lock {}; check that the root is writable by you", p.display()))?

@@ -35,10 +35,10 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "K=V")]
     env: Vec<String>,
     /// The run's time limit (500ms, 30s, 5m, 1h; default: the daemon's default_timeout_ms, 30m unless configured)
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, conflicts_with = "timeout")]
+    #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, conflicts_with = "timeout")]
     run_timeout: Option<Duration>,
     /// Deprecated: the run's time limit; use --run-timeout (or --wait-timeout for how long --wait waits)
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, hide = true)]
+    #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, hide = true)]
     timeout: Option<Duration>,
     /// Queue priority, -1000 to 1000; higher runs first
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
@@ -50,7 +50,7 @@ pub struct SubmitArgs {
     #[arg(short, long, conflicts_with_all = ["wait", "wait_timeout"])]
     follow: bool,
     /// With --wait: give up waiting after this long (exit 124; the run goes on)
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, requires = "wait")]
+    #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, requires = "wait")]
     wait_timeout: Option<Duration>,
     /// The command and its arguments (after --)
     #[arg(last = true, value_name = "CMD")]
@@ -105,7 +105,7 @@ pub(crate) fn publish(layout: &Layout, bytes: &[u8], run_id: &str) -> anyhow::Re
     // Refused by the daemon, a request there would never be claimed: say so with its words.
     crate::store::safety::check_layout(layout)?;
     let spool = layout.spool();
-    super::ensure_dir(&spool)?;
+    super::args::ensure_dir(&spool)?;
     let name = format!("{run_id}.json");
     let target = spool.join(&name);
     if target.exists() {

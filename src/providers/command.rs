@@ -5,7 +5,8 @@
 
 use serde_json::json;
 
-use super::{failure, run_bounded, tail_text, Call, CheckError, Provider, ProviderError};
+use super::api::{failure, Call, CheckError, Provider, ProviderError};
+use super::bounded::{run_bounded, tail_text};
 use crate::platform::exec::find_executable;
 use crate::protocol::bridge::{parse_failure, parse_handle, Handle, Operation, MAX_OUTPUT};
 

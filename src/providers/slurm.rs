@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::{failure, run_bounded, tail_text, Call, CheckError, Provider, ProviderError};
+use super::api::{failure, Call, CheckError, Provider, ProviderError};
+use super::bounded::{run_bounded, tail_text};
 use crate::protocol::bridge::{digest, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT};
 
 pub struct Slurm {
