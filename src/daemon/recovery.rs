@@ -191,7 +191,7 @@ impl Recovery {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a rejected run");
                 }
             }
-            (Verdict::HalfClaimed, _) if spool::is_half_claimed(&dir) => self.finish_half_claim(env, id, out),
+            (Verdict::HalfClaimed, _) => self.finish_half_claim(env, id, out),
             (Verdict::Queued, Some(s)) => {
                 spool::ensure_queued_event(env.w, &dir, id, s.queue.priority);
                 let _ = spool::mark_claimed(env.w, env.layout, id);

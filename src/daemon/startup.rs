@@ -47,7 +47,7 @@ impl Daemon {
         .map_err(StartError::Watch)?;
         // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
         watch.add(&layout.daemon_dir());
-        let previous_start = std::fs::read(layout.daemon_json())
+        let previous_start = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
             .ok()
             .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
             .map(|d| d.started_at)
@@ -91,6 +91,9 @@ impl Daemon {
     }
 }
 
+/// A larger daemon.json is not read (the real one is about a kilobyte).
+const DAEMON_JSON_MAX: u64 = 1024 * 1024;
+
 /// How long a busy `daemon.lock` whose recorded holder is gone is retried.
 const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
 
@@ -112,7 +115,7 @@ fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
             }
             return Ok(lock);
         }
-        let holder = fsutil::read_nofollow(&layout.daemon_json(), 1024 * 1024)
+        let holder = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
         let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);

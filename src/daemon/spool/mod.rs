@@ -21,7 +21,6 @@ use crate::platform::rename_noreplace;
 use crate::protocol::is_id;
 use crate::protocol::request::{Context, Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::protocol::status::Status;
-use crate::store::layout::RunPaths;
 use crate::store::{Layout, Writer};
 
 /// How long a file that does not parse may still be a writer's work in progress.
@@ -241,11 +240,6 @@ pub fn claim_id(md: &std::fs::Metadata, name: &str) -> String {
     bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325, &parts).to_le_bytes());
     bytes[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142, &parts).to_le_bytes());
     uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
-}
-
-/// Is this run directory a claim that stopped between commit and status?
-pub fn is_half_claimed(dir: &Path) -> bool {
-    RunPaths::request(dir).exists() && !RunPaths::status(dir).exists()
 }
 
 #[cfg(test)]
