@@ -322,16 +322,12 @@ mod tests {
     fn a_failed_start_backs_off_doubling_up_to_the_limit() {
         let mut s = Scheduler::default();
         s.enqueue(&status("a", 0, 1));
-        let q = s.heap.pop().unwrap();
-        s.queued.remove(&q.run_id);
-        let delays: Vec<Duration> = (0..8)
-            .map(|_| {
-                let q = Queued { priority: 0, order: Reverse((1, 1)), run_id: "a".into() };
-                s.queued.remove("a");
-                s.heap.clear();
-                s.retry_later(q)
-            })
-            .collect();
+        let mut delays = Vec::new();
+        for _ in 0..8 {
+            let q = s.heap.pop().expect("the run is back in the heap");
+            assert!(s.queued.remove(&q.run_id));
+            delays.push(s.retry_later(q));
+        }
         assert_eq!(delays[0], SPAWN_RETRY_FIRST);
         assert_eq!(delays[1], SPAWN_RETRY_FIRST * 2);
         assert_eq!(*delays.last().unwrap(), SPAWN_RETRY_MAX);
@@ -342,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn no_slot_while_paused_or_full() {
+    fn free_slots_are_what_max_running_leaves() {
         let s = Scheduler::default();
         assert_eq!(s.free_slots(1, 4), 3);
         assert_eq!(s.free_slots(5, 4), 0);
