@@ -278,7 +278,7 @@ fn print_table(layout: &Layout, out: &[index::Listed]) {
             let by = launched_by(x.ownership).to_string();
             match &x.status {
                 Ok(s) => [
-                    s.run_id.clone(),
+                    x.run_id.to_string(),
                     s.state.as_str().to_string(),
                     s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
                     duration(s),
@@ -286,7 +286,7 @@ fn print_table(layout: &Layout, out: &[index::Listed]) {
                     by,
                     s.session_id.clone(),
                 ],
-                Err(_) => [x.run_id.clone(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
+                Err(_) => [x.run_id.to_string(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
             }
             // Another host's status.json may hold anything: never a terminal escape from it.
             .map(|c| one_line(&c))

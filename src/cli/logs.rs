@@ -11,7 +11,7 @@ use serde_json::json;
 use super::target::{age, await_claim, error_file, load, read_error, resolve, Target};
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
-use crate::store::{fsutil, run, Layout};
+use crate::store::{fsutil, run, Layout, RunId};
 
 /// `logs`: every chosen step's output (with `lines`, only the last N lines of
 /// each), streamed; with `follow`, until the run ends, then exit with the
@@ -86,7 +86,7 @@ pub fn logs(
 /// The run `logs` reads: Continue(its id), or Break(the exit code) when
 /// there is no output to read (a request pending without `follow`, or
 /// refused before it ran).
-fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlow<i32, String>> {
+fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlow<i32, RunId>> {
     Ok(match resolve(layout, run)? {
         Target::Run(id) => ControlFlow::Continue(id),
         Target::Pending(p) if follow => {

@@ -13,10 +13,10 @@ use super::target::Target;
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
-use crate::store::{fsutil, index, run, Layout};
+use crate::store::{fsutil, index, run, Layout, RunId};
 
 /// The run directory `arg` names; a pending or rejected request is refused with `what` to do.
-fn resolve_run(layout: &Layout, arg: &str, verb: &str) -> anyhow::Result<String> {
+fn resolve_run(layout: &Layout, arg: &str, verb: &str) -> anyhow::Result<RunId> {
     match super::target::resolve(layout, arg)? {
         Target::Run(id) => Ok(id),
         Target::Pending(p) => bail!(
@@ -70,24 +70,20 @@ pub fn restart(layout: &Layout, arg: &str, json_out: bool) -> anyhow::Result<i32
     Ok(0)
 }
 
-/// Why runspool may not remove the run in `dir`, or None when it may.
-fn refusal(dir: &Path, s: &Status) -> Option<String> {
+/// Why runspool may not remove the run `id` (in `dir`, with status `s`
+/// read by `run::read_status`, which refuses a status that is not the
+/// directory's own), or None when it may.
+fn refusal(id: &RunId, dir: &Path, s: &Status) -> Option<String> {
     if !run::ownership(dir, Some(s)).is_ours() {
         return Some(format!("{} was launched by another host; runspool never removes it", dir.display()));
     }
     if s.state.is_active() {
-        return Some(format!(
-            "run {} is still {}; stop it first (`runspool stop {}`)",
-            s.run_id,
-            s.state.as_str(),
-            s.run_id
-        ));
+        return Some(format!("run {id} is still {}; stop it first (`runspool stop {id}`)", s.state.as_str()));
     }
     // A runner finishing its last writes still holds its lock.
     if fsutil::lock_held(&RunPaths::runner_lock(dir)).unwrap_or(false) {
         return Some(format!(
-            "run {}'s runner still holds {}; try again in a moment",
-            s.run_id,
+            "run {id}'s runner still holds {}; try again in a moment",
             RunPaths::runner_lock(dir).display()
         ));
     }
@@ -95,13 +91,13 @@ fn refusal(dir: &Path, s: &Status) -> Option<String> {
 }
 
 /// Remove one checked run the way retention does (results, index entries,
-/// marker, then the directory via `.deleting-run-<uuid>`).
-fn remove(layout: &Layout, s: &Status) -> anyhow::Result<()> {
+/// marker, then the directory via a tombstone).
+fn remove(layout: &Layout, id: &RunId, s: &Status) -> anyhow::Result<()> {
     let marker = index::terminal_marker_path(layout, s);
-    crate::daemon::retention::remove_run(layout, s, &marker);
-    let dir = layout.run_dir(&s.run_id);
+    crate::daemon::retention::remove_run(layout, id, s, &marker);
+    let dir = layout.run_dir(id);
     if std::fs::symlink_metadata(&dir).is_ok() {
-        bail!("cannot remove {}: check its permissions and run `runspool rm {}` again", dir.display(), s.run_id);
+        bail!("cannot remove {}: check its permissions and run `runspool rm {id}` again", dir.display());
     }
     Ok(())
 }
@@ -113,20 +109,22 @@ pub fn rm(layout: &Layout, args: &[String], json_out: bool) -> anyhow::Result<i3
     for arg in args {
         let id = resolve_run(layout, arg, "remove")?;
         let dir = layout.run_dir(&id);
-        let s = run::read_status(&dir)?.with_context(|| format!("{} has no status.json yet", dir.display()))?;
-        if let Some(why) = refusal(&dir, &s) {
+        let s = run::read_status(&dir)
+            .with_context(|| format!("nothing was removed: {} is not a run runspool can remove", dir.display()))?
+            .with_context(|| format!("{} has no status.json yet; nothing was removed", dir.display()))?;
+        if let Some(why) = refusal(&id, &dir, &s) {
             bail!("{why}; nothing was removed");
         }
-        if !checked.iter().any(|c: &Status| c.run_id == s.run_id) {
-            checked.push(s);
+        if !checked.iter().any(|(c, _): &(RunId, Status)| *c == id) {
+            checked.push((id, s));
         }
     }
     let mut removed = Vec::new();
-    for s in &checked {
-        remove(layout, s)?;
-        removed.push(s.run_id.clone());
+    for (id, s) in &checked {
+        remove(layout, id, s)?;
+        removed.push(id.clone());
         if !json_out {
-            println!("removed {}", s.run_id);
+            println!("removed {id}");
         }
     }
     if json_out {
@@ -157,10 +155,8 @@ pub fn clean(
     };
     ids.sort();
     let mut removed = Vec::new();
-    for id in ids {
-        if !crate::protocol::is_id(&id, 128) {
-            continue;
-        }
+    for name in ids {
+        let Some(id) = RunId::parse(&name) else { continue };
         let dir = layout.run_dir(&id);
         if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
             continue;
@@ -171,11 +167,11 @@ pub fn clean(
             None => s.state != State::Paused,
         };
         let old_enough = cutoff.is_none_or(|c| s.ended_at.is_some_and(|e| e < c));
-        if s.run_id != id || !state_ok || !old_enough || refusal(&dir, &s).is_some() {
+        if !state_ok || !old_enough || refusal(&id, &dir, &s).is_some() {
             continue;
         }
         if !dry_run {
-            remove(layout, &s)?;
+            remove(layout, &id, &s)?;
         }
         if !json_out {
             println!("{} {id}", if dry_run { "would remove" } else { "removed" });

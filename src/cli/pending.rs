@@ -8,7 +8,7 @@ use anyhow::bail;
 
 use super::target::{age, await_claim, daemon_running, error_file, read_error, Pending};
 use crate::daemon::spool;
-use crate::store::Layout;
+use crate::store::{Layout, RunId};
 
 /// `status` of a request still in the spool.
 pub(crate) fn status(layout: &Layout, p: &Pending, json: bool) -> anyhow::Result<i32> {
@@ -50,7 +50,7 @@ pub(crate) fn rejected_status(name: &str, error_file: &Path) -> anyhow::Result<i
 /// `stop` of a request still in the spool: withdraw it, or, when the daemon
 /// claimed it first, hand back its run id so the run is stopped as usual.
 /// None: withdrawn, nothing more to do.
-pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow::Result<Option<String>> {
+pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow::Result<Option<RunId>> {
     use anyhow::Context as _;
     let path = layout.spool().join(&p.name);
     let message = format!(

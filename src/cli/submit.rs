@@ -90,7 +90,9 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
         return super::logs::logs(layout, &run_id, None, true, None, false);
     }
     if a.wait {
-        return super::wait::wait_run(layout, &run_id, a.wait_timeout, Some(&name), false);
+        let id = crate::store::RunId::parse(&run_id)
+            .with_context(|| format!("run id `{run_id}` is not in the run-id grammar [A-Za-z0-9][A-Za-z0-9._-]*"))?;
+        return super::wait::wait_run(layout, &id, a.wait_timeout, Some(&name), false);
     }
     Ok(0)
 }

@@ -19,13 +19,13 @@ use crate::protocol::is_id;
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::Status;
 use crate::store::layout::RunPaths;
-use crate::store::{fsutil, run, Layout};
+use crate::store::{fsutil, run, Layout, RunId};
 
 /// What a run argument names.
 #[derive(Debug)]
 pub(crate) enum Target {
     /// A run directory.
-    Run(String),
+    Run(RunId),
     /// A request still in the spool.
     Pending(Pending),
     /// Refused or withdrawn before any run directory existed: its error file.
@@ -36,7 +36,7 @@ pub(crate) enum Target {
 pub(crate) struct Pending {
     /// The run id it gets when claimed: the body's `runId`, else the one the
     /// daemon derives from the entry (`spool::claim_id`).
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its file name in the spool.
     pub name: String,
     /// When it was published (the entry's mtime), ms.
@@ -44,10 +44,7 @@ pub(crate) struct Pending {
 }
 
 /// A run directory of that id (claimed, half-claimed or another host's).
-fn run_exists(layout: &Layout, id: &str) -> bool {
-    if !is_id(id, 128) {
-        return false;
-    }
+fn run_exists(layout: &Layout, id: &RunId) -> bool {
     let dir = layout.run_dir(id);
     std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
         && (RunPaths::status(&dir).exists() || RunPaths::request(&dir).exists())
@@ -73,7 +70,8 @@ fn entry(layout: &Layout, name: &str) -> Option<Pending> {
         .and_then(|b| b.get("runId"))
         .and_then(Value::as_str)
         .filter(|s| is_id(s, 128))
-        .map_or_else(|| spool::claim_id(&md, name), str::to_string);
+        .and_then(RunId::parse)
+        .unwrap_or_else(|| spool::claim_id(&md, name));
     Some(Pending { run_id, name: name.to_string(), since_ms: md.mtime() * 1000 + md.mtime_nsec() / 1_000_000 })
 }
 
@@ -85,25 +83,26 @@ fn entries(layout: &Layout) -> Vec<Pending> {
 
 /// The run ids the requests waiting in the spool will get.
 pub(crate) fn pending_ids(layout: &Layout) -> Vec<String> {
-    entries(layout).into_iter().map(|p| p.run_id).collect()
+    entries(layout).into_iter().map(|p| p.run_id.to_string()).collect()
 }
 
 /// An exact match of `arg`: a run id, a pending request's run id or file
 /// name, or a settled rejection's name.
 fn exact(layout: &Layout, arg: &str) -> Option<Target> {
-    if run_exists(layout, arg) {
-        return Some(Target::Run(arg.to_string()));
+    let id = RunId::parse(arg);
+    if let Some(id) = id.as_ref().filter(|id| run_exists(layout, id)) {
+        return Some(Target::Run(id.clone()));
     }
     let stem = arg.strip_suffix(".json").unwrap_or(arg);
     if let Some(p) = entry(layout, &format!("{stem}.json")) {
         return Some(Target::Pending(p));
     }
-    if let Some(p) = entries(layout).into_iter().find(|p| p.run_id == arg) {
+    if let Some(p) = entries(layout).into_iter().find(|p| p.run_id.as_str() == arg) {
         return Some(Target::Pending(p));
     }
     // Claimed between the two looks: the claim's rename moved it into its run.
-    if run_exists(layout, arg) {
-        return Some(Target::Run(arg.to_string()));
+    if let Some(id) = id.filter(|id| run_exists(layout, id)) {
+        return Some(Target::Run(id));
     }
     let error_file = layout.rejected_error_file(stem);
     if std::fs::symlink_metadata(&error_file).is_ok_and(|m| m.is_file()) {
@@ -136,10 +135,8 @@ pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
     let mut found: Vec<Target> = Vec::new();
     if let Ok(rd) = std::fs::read_dir(layout.runs()) {
         for e in rd.flatten() {
-            if let Some(n) = e.file_name().to_str() {
-                if n.starts_with(arg) && !n.starts_with('.') {
-                    found.push(Target::Run(n.to_string()));
-                }
+            if let Some(id) = e.file_name().to_str().filter(|n| n.starts_with(arg)).and_then(RunId::parse) {
+                found.push(Target::Run(id));
             }
         }
     }
@@ -232,7 +229,7 @@ pub(crate) fn read_error(p: &Path) -> (String, String) {
 }
 
 /// A run's status.json; an error naming the run directory when it has none yet.
-pub(crate) fn load(layout: &Layout, id: &str) -> anyhow::Result<Status> {
+pub(crate) fn load(layout: &Layout, id: &RunId) -> anyhow::Result<Status> {
     run::read_status(&layout.run_dir(id))?
         .with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
 }

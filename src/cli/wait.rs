@@ -4,18 +4,24 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use serde_json::json;
 
 use super::target::{daemon_running, resolve, Target};
 use crate::protocol::status::{State, Status, StepState};
-use crate::store::{fsutil, run, Layout};
+use crate::store::{fsutil, run, Layout, RunId};
 
 /// `wait` for any target: a pending request is waited on through its claim.
 pub(crate) fn wait(layout: &Layout, arg: &str, timeout: Option<Duration>, json: bool) -> anyhow::Result<i32> {
     match resolve(layout, arg)? {
         Target::Run(id) => wait_run(layout, &id, timeout, None, json),
         Target::Pending(p) => wait_run(layout, &p.run_id, timeout, Some(&p.name), json),
-        Target::Rejected { name, .. } => wait_run(layout, name.trim_end_matches(".json"), timeout, Some(&name), json),
+        Target::Rejected { name, .. } => {
+            // A spool name's stem is in the run-id grammar: the run a rejection may have made.
+            let id = RunId::parse(name.trim_end_matches(".json"))
+                .with_context(|| format!("{name} names no run; see `runspool status {name}`"))?;
+            wait_run(layout, &id, timeout, Some(&name), json)
+        }
     }
 }
 
@@ -26,7 +32,7 @@ pub(crate) fn wait(layout: &Layout, arg: &str, timeout: Option<Duration>, json: 
 /// `json`: print the final status.json on stdout.
 pub(crate) fn wait_run(
     layout: &Layout,
-    id: &str,
+    id: &RunId,
     timeout: Option<Duration>,
     spool_name: Option<&str>,
     json: bool,
@@ -111,7 +117,7 @@ fn rejected(layout: &Layout, name: &str, json: bool, progress: &mut Progress) ->
 
 /// `--timeout t` expired: say what goes on; the exit code. 3 when the
 /// request is still in the spool and no daemon runs to claim it, else 124.
-fn gave_up(layout: &Layout, id: &str, t: Duration, spool_name: Option<&str>) -> i32 {
+fn gave_up(layout: &Layout, id: &RunId, t: Duration, spool_name: Option<&str>) -> i32 {
     let unclaimed = run::read_status(&layout.run_dir(id)).ok().flatten().is_none();
     match spool_name.filter(|_| unclaimed) {
         Some(name) if !daemon_running(layout) => {

@@ -11,7 +11,7 @@ pub enum Hint {
     /// `runspool/queue.json` changed (queue control).
     Queue,
     /// Something changed in a run's control inbox.
-    Control(String),
+    Control(crate::store::RunId),
     /// Events may have been lost (queue overflow): rescan everything.
     Rescan(String),
     /// The watcher itself failed: replace it, then rescan.

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Hooks as HookConfig;
 use crate::platform::exec::{self, Detach};
 use crate::protocol::status::{State, Status};
-use crate::store::{fsutil, results, run, Layout};
+use crate::store::{fsutil, results, run, Layout, RunId};
 
 const KILL_GRACE: Duration = Duration::from_secs(3);
 
@@ -111,13 +111,15 @@ struct RunningRecord {
 
 /// A hook started by a previous daemon that was still running at our start.
 struct Orphan {
+    /// The run, from the record's file name (a `runId` inside it is only compared).
+    id: RunId,
     rec: RunningRecord,
     term_sent: Option<Instant>,
     next_check: Instant,
 }
 
 struct Running {
-    run_id: String,
+    run_id: RunId,
     child: Child,
     record: HookRecord,
     started: Instant,
@@ -130,9 +132,9 @@ pub struct Hooks {
     running_dir: PathBuf,
     /// Tracked runs (mirrors the pending markers; a marker that could not be
     /// written on a full disk still fires from memory).
-    tracked: HashSet<String>,
+    tracked: HashSet<RunId>,
     /// Ended runs waiting for a free hook slot.
-    waiting: VecDeque<String>,
+    waiting: VecDeque<RunId>,
     running: Vec<Running>,
     orphans: Vec<Orphan>,
 }
@@ -150,20 +152,21 @@ impl Hooks {
     }
 
     /// A run the daemon now supervises owes a hook when it ends.
-    pub fn track(&mut self, cfg: &HookConfig, run_id: &str) {
-        if !cfg.enabled() || !self.tracked.insert(run_id.to_string()) {
+    pub fn track(&mut self, cfg: &HookConfig, run_id: &RunId) {
+        if !cfg.enabled() || !self.tracked.insert(run_id.clone()) {
             return;
         }
-        let r = fsutil::mkdir_private(&self.pending_dir).and_then(|_| fsutil::touch(&self.pending_dir.join(run_id)));
+        let r = fsutil::mkdir_private(&self.pending_dir)
+            .and_then(|_| fsutil::touch(&self.pending_dir.join(run_id.as_str())));
         if let Err(e) = r {
-            tracing::warn!(run_id, error = %e, "cannot record the pending hook on disk; it fires unless the daemon restarts first");
+            tracing::warn!(run_id = %run_id, error = %e, "cannot record the pending hook on disk; it fires unless the daemon restarts first");
         }
     }
 
     /// SIGHUP changed `[hooks]`. Hooks now configured are owed by every run
     /// in `active`; with none configured any more, runs stop owing one.
     /// Hooks already running keep their own time limit.
-    pub fn reconfigure(&mut self, new: &HookConfig, active: &[String]) {
+    pub fn reconfigure(&mut self, new: &HookConfig, active: &[RunId]) {
         if new.enabled() {
             for id in active {
                 self.track(new, id);
@@ -171,7 +174,7 @@ impl Hooks {
             return;
         }
         // Runs that ended but whose hook has not started yet are let go too.
-        let owed: Vec<String> = self.tracked.iter().cloned().collect();
+        let owed: Vec<RunId> = self.tracked.iter().cloned().collect();
         for id in owed {
             self.forget(&id);
         }
@@ -185,11 +188,10 @@ impl Hooks {
         self.recover_running();
         let Ok(rd) = std::fs::read_dir(&self.pending_dir) else { return };
         for e in rd.flatten() {
-            let Ok(id) = e.file_name().into_string() else { continue };
-            if id.starts_with('.') || !crate::protocol::is_id(&id, 128) {
+            let Some(id) = e.file_name().to_str().and_then(RunId::parse) else {
                 let _ = std::fs::remove_file(e.path());
                 continue;
-            }
+            };
             match run::read_status(&l.run_dir(&id)) {
                 Ok(Some(s)) => {
                     self.tracked.insert(id.clone());
@@ -207,9 +209,9 @@ impl Hooks {
     }
 
     /// A tracked run reached a terminal state.
-    pub fn ended(&mut self, run_id: &str) {
+    pub fn ended(&mut self, run_id: &RunId) {
         if self.tracked.contains(run_id) && !self.waiting.iter().any(|w| w == run_id) {
-            self.waiting.push_back(run_id.to_string());
+            self.waiting.push_back(run_id.clone());
         }
     }
 
@@ -227,19 +229,19 @@ impl Hooks {
         }
     }
 
-    fn forget(&mut self, run_id: &str) {
+    fn forget(&mut self, run_id: &RunId) {
         self.tracked.remove(run_id);
-        let _ = std::fs::remove_file(self.pending_dir.join(run_id));
+        let _ = std::fs::remove_file(self.pending_dir.join(run_id.as_str()));
     }
 
-    fn fire(&mut self, l: &Layout, cfg: &HookConfig, run_id: &str) {
+    fn fire(&mut self, l: &Layout, cfg: &HookConfig, run_id: &RunId) {
         let dir = l.run_dir(run_id);
         let s = match run::read_status(&dir) {
             Ok(Some(s)) if !s.state.is_active() => s,
             Ok(Some(_)) => return, // not ended after all (a stale wake): keep tracking
             Ok(None) => return self.forget(run_id),
             Err(e) => {
-                tracing::warn!(run_id, error = %e, "cannot read the status of an ended run; skipping its hook");
+                tracing::warn!(run_id = %run_id, error = %e, "cannot read the status of an ended run; skipping its hook");
                 return self.forget(run_id);
             }
         };
@@ -260,16 +262,16 @@ impl Hooks {
                 return self.forget(run_id);
             }
             Err(e) if fsutil::is_capacity(&e) => {
-                tracing::warn!(run_id, error = %e, "cannot record the hook (storage full); will retry");
-                self.waiting.push_back(run_id.to_string());
+                tracing::warn!(run_id = %run_id, error = %e, "cannot record the hook (storage full); will retry");
+                self.waiting.push_back(run_id.clone());
                 return;
             }
             Err(e) => {
-                tracing::error!(run_id, error = %e, path = %record_path(&dir).display(), "cannot record the hook; not running it");
+                tracing::error!(run_id = %run_id, error = %e, path = %record_path(&dir).display(), "cannot record the hook; not running it");
                 return self.forget(run_id);
             }
         }
-        let input = serde_json::to_vec_pretty(&results::build_result(l, &s)).unwrap_or_default();
+        let input = serde_json::to_vec_pretty(&results::build_result(l, run_id, &s)).unwrap_or_default();
         match spawn(command, &dir, &s) {
             Ok(mut child) => {
                 if let Some(mut stdin) = child.stdin.take() {
@@ -280,11 +282,11 @@ impl Hooks {
                 }
                 record.pid = Some(child.id());
                 let _ = write_record(&dir, &record);
-                tracing::info!(run_id, hook = name, hook_pid = child.id(), "hook started");
+                tracing::info!(run_id = %run_id, hook = name, hook_pid = child.id(), "hook started");
                 self.record_running(run_id, child.id(), record.started_at, cfg.timeout_s);
                 let now = Instant::now();
                 self.running.push(Running {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                     child,
                     record,
                     started: now,
@@ -295,7 +297,7 @@ impl Hooks {
             Err(e) => {
                 record.ended_at = Some(crate::now_ms());
                 record.error = Some(format!("cannot start `{}`: {e}; fix hooks.{name} in the config", command[0]));
-                tracing::error!(run_id, hook = name, error = %e, command = %command[0], "hook could not start");
+                tracing::error!(run_id = %run_id, hook = name, error = %e, command = %command[0], "hook could not start");
                 let _ = write_record(&dir, &record);
                 self.forget(run_id);
             }
@@ -345,7 +347,7 @@ impl Hooks {
                     }
                     let _ = write_record(&l.run_dir(&h.run_id), r);
                     let id = h.run_id.clone();
-                    let _ = std::fs::remove_file(self.running_dir.join(&id));
+                    let _ = std::fs::remove_file(self.running_dir.join(id.as_str()));
                     self.forget(&id);
                     continue;
                 }
@@ -420,11 +422,11 @@ impl Hooks {
                 .ok()
                 .and_then(|b| serde_json::from_slice::<RunningRecord>(&b).ok())
                 .filter(|r| r.run_id == name && r.pid > 1);
-            match rec {
-                Some(rec) if Orphan::alive(&rec) => {
+            match (rec, RunId::parse(&name)) {
+                (Some(rec), Some(id)) if Orphan::alive(&rec) => {
                     tracing::info!(run_id = %rec.run_id, hook_pid = rec.pid, deadline = rec.deadline,
                         "a hook started by the previous daemon still runs; it is killed at its deadline unless it ends first");
-                    self.orphans.push(Orphan { rec, term_sent: None, next_check: Instant::now() });
+                    self.orphans.push(Orphan { id, rec, term_sent: None, next_check: Instant::now() });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -448,9 +450,9 @@ impl Hooks {
             if members.is_empty() {
                 let o = self.orphans.swap_remove(i);
                 if o.term_sent.is_some() {
-                    note_orphan_killed(&l.run_dir(&o.rec.run_id), &o.rec);
+                    note_orphan_killed(&l.run_dir(&o.id), &o.rec);
                 }
-                let _ = std::fs::remove_file(self.running_dir.join(&o.rec.run_id));
+                let _ = std::fs::remove_file(self.running_dir.join(o.id.as_str()));
                 continue;
             }
             let sig = match o.term_sent {

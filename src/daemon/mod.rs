@@ -251,9 +251,9 @@ impl Daemon {
     fn apply(&mut self, out: Vec<Effect>) {
         for e in out {
             match e {
-                Effect::Queue(s) => {
-                    self.hooks.track(&self.cfg.hooks, &s.run_id);
-                    self.scheduler.enqueue(&s);
+                Effect::Queue(id, s) => {
+                    self.hooks.track(&self.cfg.hooks, &id);
+                    self.scheduler.enqueue(&id, &s);
                 }
                 Effect::Adopt(id) => {
                     self.hooks.track(&self.cfg.hooks, &id);

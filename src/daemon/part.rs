@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::protocol::status::Status;
-use crate::store::{Layout, Writer};
+use crate::store::{Layout, RunId, Writer};
 
 use super::watch::Watch;
 
@@ -20,14 +20,14 @@ pub struct Env<'a> {
 #[derive(Debug)]
 pub enum Effect {
     /// A run to queue (claimed or recovered); its hooks follow it.
-    Queue(Box<Status>),
+    Queue(RunId, Box<Status>),
     /// A run whose runner is not ours to spawn (re-adopted, or its lock is
     /// held): supervise it; its hooks follow it.
-    Adopt(String),
+    Adopt(RunId),
     /// A supervised run ended: its hooks fire.
-    Ended(String),
+    Ended(RunId),
     /// A claim committed but cut short: finished by its run directory.
-    Unfinished(String),
+    Unfinished(RunId),
     /// Look at the spool again now.
     ClaimAgain,
 }

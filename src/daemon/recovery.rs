@@ -16,7 +16,7 @@ use super::supervisor::ensure_published_status;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
-use crate::store::{index, run};
+use crate::store::{index, run, RunId};
 
 /// Run directories checked per loop turn after start-up.
 const RECOVER_PER_TURN: usize = 1000;
@@ -25,12 +25,12 @@ const RETRY: Duration = Duration::from_secs(1);
 
 pub struct Recovery {
     /// Run directories still to be checked after start-up.
-    backlog: Vec<String>,
+    backlog: Vec<RunId>,
     /// The listing of run directories failed: retry it at this time.
     unlisted: Option<Instant>,
     /// Committed claims whose queued status could not be written yet, by
     /// run id (their spool names are gone).
-    unfinished: Vec<String>,
+    unfinished: Vec<RunId>,
     unfinished_retry_at: Instant,
     /// When the previous daemon on this root started (0: unknown): only
     /// directories changed since then can hold a fresh temp file.
@@ -40,7 +40,7 @@ pub struct Recovery {
     last_rescan_at: Option<i64>,
     /// Active runs of other hosts (pi-subagents) found in the active index:
     /// read-only to runspool (§14), but their bridge requests are serviced.
-    foreign: HashSet<String>,
+    foreign: HashSet<RunId>,
 }
 
 /// What recovery does with one run directory (`decide`, pure).
@@ -156,7 +156,7 @@ impl Recovery {
     }
 
     /// Recovery of one run directory (PROTOCOL §12).
-    fn recover_run(&mut self, env: &mut Env, id: &str, out: &mut Vec<Effect>) {
+    fn recover_run(&mut self, env: &mut Env, id: &RunId, out: &mut Vec<Effect>) {
         let dir = env.layout.run_dir(id);
         let claimed = run::claimed(&dir);
         if claimed && std::fs::symlink_metadata(&dir).is_ok_and(|m| m.mtime() * 1000 >= self.previous_start - 60_000) {
@@ -168,11 +168,14 @@ impl Recovery {
                 // No descriptor or space to read it now: look again, never forget the run.
                 tracing::warn!(run_id = %id, error = %e, "cannot read status.json now; retrying every second");
                 env.w.capacity_error(&dir, &e);
-                self.remember_unfinished(id.to_string());
+                self.remember_unfinished(id.clone());
                 return;
             }
             Err(e) => {
-                if claimed {
+                if run::is_identity_mismatch(&e) {
+                    // A copied or crafted run directory: reported, never acted on.
+                    tracing::warn!(run_id = %id, error = %e, "status.json is not this run's own; leaving the directory alone");
+                } else if claimed {
                     tracing::warn!(run_id = %id, error = %e, "unreadable status.json; leaving the run alone");
                 }
                 return;
@@ -184,10 +187,10 @@ impl Recovery {
                 .is_some_and(|s| !s.state.is_active() && run::ownership(&dir, Some(s)) == run::Ownership::Rejection);
         match (decide(claimed, status.as_ref(), rejection), status) {
             (Verdict::Foreign, _) => {
-                self.foreign.insert(id.to_string());
+                self.foreign.insert(id.clone());
             }
             (Verdict::Rejection, Some(s)) => {
-                if let Err(e) = ensure_published_status(env.w, env.layout, &s) {
+                if let Err(e) = ensure_published_status(env.w, env.layout, id, &s) {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a rejected run");
                 }
             }
@@ -195,14 +198,14 @@ impl Recovery {
             (Verdict::Queued, Some(s)) => {
                 spool::ensure_queued_event(env.w, &dir, id, s.queue.priority);
                 let _ = spool::mark_claimed(env.w, env.layout, id);
-                out.push(queued_or_running(env, s));
+                out.push(queued_or_running(env, id, s));
             }
             (Verdict::Running, _) => {
                 let _ = spool::mark_claimed(env.w, env.layout, id);
-                out.push(Effect::Adopt(id.to_string()));
+                out.push(Effect::Adopt(id.clone()));
             }
             (Verdict::Ended, Some(s)) => {
-                if let Err(e) = ensure_published_status(env.w, env.layout, &s) {
+                if let Err(e) = ensure_published_status(env.w, env.layout, id, &s) {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
             }
@@ -212,18 +215,18 @@ impl Recovery {
 
     /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
     /// one that meets a capacity error is remembered and retried.
-    fn finish_half_claim(&mut self, env: &mut Env, id: &str, out: &mut Vec<Effect>) {
+    fn finish_half_claim(&mut self, env: &mut Env, id: &RunId, out: &mut Vec<Effect>) {
         match spool::finish_half_claim(env.w, env.layout, id, env.cfg) {
             Ok(Some(s)) => {
                 tracing::info!(run_id = %id, "finished a half-done claim");
                 let _ = spool::mark_claimed(env.w, env.layout, id);
-                out.push(queued_or_running(env, s));
+                out.push(queued_or_running(env, id, s));
             }
             Ok(None) => {}
             Err(e) if is_capacity(&e) => {
                 tracing::warn!(run_id = %id, error = %e, "cannot finish a half-done claim now; retrying every second");
                 env.w.capacity_error(&env.layout.run_dir(id), &e);
-                self.remember_unfinished(id.to_string());
+                self.remember_unfinished(id.clone());
             }
             Err(e) => {
                 tracing::error!(run_id = %id, error = %e, "cannot finish a half-done claim; the next start tries again")
@@ -235,7 +238,7 @@ impl Recovery {
     /// event, active marker) met an error: finished by its run directory,
     /// claiming paused meanwhile (PROTOCOL §2.3, §11: capacity errors never
     /// strand work).
-    pub fn remember_unfinished(&mut self, id: String) {
+    pub fn remember_unfinished(&mut self, id: RunId) {
         if !self.unfinished.contains(&id) {
             self.unfinished.push(id);
         }
@@ -296,17 +299,17 @@ impl Recovery {
             let Ok(s) = x.status else { continue };
             if !x.ownership.is_ours() {
                 self.foreign.insert(x.run_id);
-            } else if !known(&s.run_id) {
+            } else if !known(&x.run_id) {
                 out.push(match s.state {
-                    State::Queued => Effect::Queue(Box::new(s)),
-                    _ => Effect::Adopt(s.run_id),
+                    State::Queued => Effect::Queue(x.run_id, Box::new(s)),
+                    _ => Effect::Adopt(x.run_id),
                 });
             }
         }
     }
 
     /// Other hosts' active runs (their bridge requests are serviced).
-    pub fn foreign(&self) -> impl Iterator<Item = &String> {
+    pub fn foreign(&self) -> impl Iterator<Item = &RunId> {
         self.foreign.iter()
     }
 
@@ -328,11 +331,11 @@ impl Recovery {
 
 /// A queued run may already have a runner (spawned just before the
 /// previous daemon died): then it is adopted as running.
-fn queued_or_running(env: &Env, s: Status) -> Effect {
-    if fsutil::lock_held(&RunPaths::runner_lock(&env.layout.run_dir(&s.run_id))).unwrap_or(false) {
-        Effect::Adopt(s.run_id)
+fn queued_or_running(env: &Env, id: &RunId, s: Status) -> Effect {
+    if fsutil::lock_held(&RunPaths::runner_lock(&env.layout.run_dir(id))).unwrap_or(false) {
+        Effect::Adopt(id.clone())
     } else {
-        Effect::Queue(Box::new(s))
+        Effect::Queue(id.clone(), Box::new(s))
     }
 }
 
@@ -352,14 +355,14 @@ fn sweep_shared_temps(env: &Env) {
     }
 }
 
-/// Run ids named by the entries of `dir`: its run directories (`dirs`) or
-/// its marker files, dot names (temps, the indexes) left out.
-fn run_names(dir: &Path, dirs: bool) -> std::io::Result<Vec<String>> {
+/// Run ids named by the entries of `dir`: its run directories (`dirs`: real
+/// directories, never symbolic links) or its marker files. Only names of the
+/// run-id grammar name a run (dot names are temps and the indexes).
+fn run_names(dir: &Path, dirs: bool) -> std::io::Result<Vec<RunId>> {
     Ok(std::fs::read_dir(dir)?
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| if dirs { t.is_dir() } else { t.is_file() }))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|id| !id.starts_with('.'))
+        .filter_map(|e| e.file_name().to_str().and_then(RunId::parse))
         .collect())
 }
 

@@ -65,7 +65,7 @@ impl Daemon {
         }
         if new.hooks != self.cfg.hooks {
             // Hooks apply at once: added hooks are owed by every run active now.
-            let active: Vec<String> = self.scheduler.ids().chain(self.supervisor.ids()).cloned().collect();
+            let active: Vec<crate::store::RunId> = self.scheduler.ids().chain(self.supervisor.ids()).cloned().collect();
             self.hooks.reconfigure(&new.hooks, &active);
         }
         if let Some(n) = self.scheduler.ctl.overriding() {

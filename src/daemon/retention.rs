@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::protocol::seg::{seg, seg250};
 use crate::protocol::status::{State, Status, TerminalMarker};
-use crate::store::{fsutil, index, run, Layout};
+use crate::store::{fsutil, index, run, Layout, RunId};
 
 pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     remove_leftovers(&l.runs());
@@ -35,8 +35,8 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
             }
             let Ok(bytes) = fsutil::read_nofollow(&m.path(), 64 * 1024) else { continue };
             let Ok(marker) = serde_json::from_slice::<TerminalMarker>(&bytes) else { continue };
-            let Some(s) = expired(l, &marker, cutoff) else { continue };
-            remove_run(l, &s, &m.path());
+            let Some((id, s)) = expired(l, &marker, cutoff) else { continue };
+            remove_run(l, &id, &s, &m.path());
             removed += 1;
         }
         let _ = std::fs::remove_dir(sdir.path()); // only when empty
@@ -45,39 +45,37 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
 }
 
 /// The status of the run `m` names when retention may remove it, else None.
-fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<Status> {
+fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<(RunId, Status)> {
     // The grammar has no `/` and no leading dot: the name cannot leave the runs root.
-    if !crate::protocol::is_id(&m.run_id, 128) {
-        return None;
-    }
-    let dir = l.run_dir(&m.run_id);
+    let id = RunId::parse(&m.run_id)?;
+    let dir = l.run_dir(&id);
     if !std::fs::symlink_metadata(&dir).ok()?.file_type().is_dir() {
         return None;
     }
+    // read_status refuses a status that is not this directory's own.
     let s = run::read_status(&dir).ok()??;
-    let ok = s.run_id == m.run_id
-        && run::ownership(&dir, Some(&s)).is_ours()
+    let ok = run::ownership(&dir, Some(&s)).is_ours()
         && !s.state.is_active()
         && s.state != State::Paused
         && s.ended_at.is_some_and(|e| e < cutoff);
-    ok.then_some(s)
+    ok.then_some((id, s))
 }
 
 /// Results and index entries first, then the marker, then the directory: a
 /// crash in between leaves a terminal run without its marker, which the next
 /// start publishes again and the next sweep removes.
-pub(crate) fn remove_run(l: &Layout, s: &Status, marker: &Path) {
-    let _ = fsutil::remove_if_exists(&l.results().join(format!("{}.json", s.run_id)));
+pub(crate) fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
+    let _ = fsutil::remove_if_exists(&l.result_file(id));
     let _ = fsutil::remove_if_exists(
-        &l.results().join("result-index/sessions").join(seg(&s.session_id)).join(format!("{}.json", seg250(&s.run_id))),
+        &l.results().join("result-index/sessions").join(seg(&s.session_id)).join(format!("{}.json", seg250(id))),
     );
-    let _ = index::unmark_active(l, &s.run_id, s.tool_call_id.as_deref());
+    let _ = index::unmark_active(l, id, s.tool_call_id.as_deref());
     let _ = fsutil::remove_if_exists(marker);
     let tomb = l.runs().join(format!(".deleting-run-{}", uuid::Uuid::new_v4()));
-    if std::fs::rename(l.run_dir(&s.run_id), &tomb).is_ok() {
+    if std::fs::rename(l.run_dir(id), &tomb).is_ok() {
         let _ = std::fs::remove_dir_all(&tomb);
     }
-    tracing::info!(run_id = %s.run_id, "removed a run");
+    tracing::info!(run_id = %id, "removed a run");
 }
 
 /// Finish removals cut short by a crash.

@@ -17,7 +17,7 @@ use super::watch::Watch;
 use crate::protocol::control::{describe, parse_stop_request, StopRequest, MAX_STOP_REQUEST_BYTES};
 use crate::protocol::status::{OpenSteps, State, Status, StepState};
 use crate::store::layout::{RunPaths, CONTROL_INTERRUPT, CONTROL_STOP, CONTROL_TIMEOUT};
-use crate::store::{fsutil, results, run};
+use crate::store::{fsutil, results, run, RunId};
 
 /// The first and the longest delay before retrying a runner start that
 /// failed for a transient reason (EAGAIN, ENOMEM, ...).
@@ -34,7 +34,7 @@ const INBOX_WATCH_AFTER: Duration = Duration::from_secs(5);
 pub struct Queued {
     priority: i64,
     order: Reverse<(i64, u64)>,
-    pub run_id: String,
+    pub run_id: RunId,
 }
 
 #[derive(Default)]
@@ -42,12 +42,12 @@ pub struct Scheduler {
     heap: BinaryHeap<Queued>,
     /// The runs still queued; a run stopped while queued leaves this set and
     /// its heap entry is dropped when it comes up.
-    queued: HashSet<String>,
+    queued: HashSet<RunId>,
     seq: u64,
     pub ctl: queue::Control,
     /// Queued runs whose control inbox is polled, not watched (yet), with
     /// when they were queued.
-    polled_inboxes: VecDeque<(Instant, String)>,
+    polled_inboxes: VecDeque<(Instant, RunId)>,
     next_inbox_poll: Option<Instant>,
     /// After a transient runner start failure: no start before this, and the
     /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
@@ -64,16 +64,16 @@ impl Scheduler {
         self.queued.contains(run_id)
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &String> {
+    pub fn ids(&self) -> impl Iterator<Item = &RunId> {
         self.queued.iter()
     }
 
-    pub fn enqueue(&mut self, s: &Status) {
-        if self.queued.insert(s.run_id.clone()) {
+    pub fn enqueue(&mut self, id: &RunId, s: &Status) {
+        if self.queued.insert(id.clone()) {
             self.seq += 1;
             let order = Reverse((s.queue.claimed_at, self.seq));
-            self.heap.push(Queued { priority: s.queue.priority, order, run_id: s.run_id.clone() });
-            self.poll_inbox(&s.run_id);
+            self.heap.push(Queued { priority: s.queue.priority, order, run_id: id.clone() });
+            self.poll_inbox(id);
         }
     }
 
@@ -125,11 +125,11 @@ impl Scheduler {
         [retry, self.next_inbox_poll].into_iter().flatten().min()
     }
 
-    fn poll_inbox(&mut self, run_id: &str) {
+    fn poll_inbox(&mut self, run_id: &RunId) {
         if self.polled_inboxes.is_empty() {
             self.next_inbox_poll = Some(Instant::now() + INBOX_POLL);
         }
-        self.polled_inboxes.push_back((Instant::now(), run_id.to_string()));
+        self.polled_inboxes.push_back((Instant::now(), run_id.clone()));
     }
 
     /// The control inboxes of runs queued for less than `INBOX_WATCH_AFTER`
@@ -173,7 +173,7 @@ impl Scheduler {
 
     /// The control inbox of every queued run (the rescan: they may have changed unseen).
     pub fn control_all(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
-        let ids: Vec<String> = self.queued.iter().cloned().collect();
+        let ids: Vec<RunId> = self.queued.iter().cloned().collect();
         for id in ids {
             self.control(env, &id, out);
         }
@@ -181,7 +181,7 @@ impl Scheduler {
 
     /// Act on the control inbox of a run that is still queued: it never
     /// starts and ends `stopped` (PROTOCOL §9).
-    pub fn control(&mut self, env: &mut Env, run_id: &str, out: &mut Vec<Effect>) {
+    pub fn control(&mut self, env: &mut Env, run_id: &RunId, out: &mut Vec<Effect>) {
         if !self.queued.contains(run_id) {
             return;
         }
@@ -206,11 +206,11 @@ impl Scheduler {
                 if let Some(file) = legacy {
                     let _ = std::fs::remove_file(control.join(file));
                 }
-                tracing::info!(run_id, "stopped a queued run");
-                out.push(Effect::Ended(run_id.to_string()));
+                tracing::info!(run_id = %run_id, "stopped a queued run");
+                out.push(Effect::Ended(run_id.clone()));
             }
             Ok(false) => {}
-            Err(e) => tracing::warn!(run_id, error = %e, "could not stop a queued run"),
+            Err(e) => tracing::warn!(run_id = %run_id, error = %e, "could not stop a queued run"),
         }
         self.queued.remove(run_id);
         env.watch.unwatch_control(run_id);
@@ -219,7 +219,7 @@ impl Scheduler {
 
 /// End a queued run `stopped` with `msg`, its steps skipped, and record its
 /// events. False when it was no longer queued. The caller holds runner.lock.
-fn stop_queued(env: &mut Env, run_id: &str, msg: &str) -> std::io::Result<bool> {
+fn stop_queued(env: &mut Env, run_id: &RunId, msg: &str) -> std::io::Result<bool> {
     let (m, now) = (msg.to_string(), crate::now_ms());
     let s = results::write_terminal(env.w, env.layout, run_id, move |cur| {
         let mut s = cur?;
@@ -278,7 +278,7 @@ fn take_run_level_stop(run_dir: &Path) -> Option<StopRequest> {
 mod tests {
     use super::*;
 
-    fn status(id: &str, priority: i64, claimed_at: i64) -> Status {
+    fn status(id: &str, priority: i64, claimed_at: i64) -> (RunId, Status) {
         let mut s: Status = serde_json::from_value(json!({
             "runId": id, "mode": "single", "state": "queued", "sessionId": "s",
             "startedAt": claimed_at, "lastUpdate": claimed_at, "steps": [],
@@ -286,14 +286,18 @@ mod tests {
         .unwrap();
         s.queue.priority = priority;
         s.queue.claimed_at = claimed_at;
-        s
+        (RunId::parse(id).unwrap(), s)
+    }
+
+    fn enqueue(s: &mut Scheduler, (id, st): (RunId, Status)) {
+        s.enqueue(&id, &st);
     }
 
     fn pop_all(s: &mut Scheduler) -> Vec<String> {
         let mut order = Vec::new();
         while let Some(q) = s.heap.pop() {
             if s.queued.remove(&q.run_id) {
-                order.push(q.run_id);
+                order.push(q.run_id.to_string());
             }
         }
         order
@@ -302,18 +306,18 @@ mod tests {
     #[test]
     fn higher_priority_first_then_claim_order() {
         let mut s = Scheduler::default();
-        s.enqueue(&status("late-low", 0, 30));
-        s.enqueue(&status("early-low", 0, 10));
-        s.enqueue(&status("high", 5, 40));
-        s.enqueue(&status("same-time-second", 0, 10));
+        enqueue(&mut s, status("late-low", 0, 30));
+        enqueue(&mut s, status("early-low", 0, 10));
+        enqueue(&mut s, status("high", 5, 40));
+        enqueue(&mut s, status("same-time-second", 0, 10));
         assert_eq!(pop_all(&mut s), ["high", "early-low", "same-time-second", "late-low"]);
     }
 
     #[test]
     fn a_run_is_queued_once() {
         let mut s = Scheduler::default();
-        s.enqueue(&status("a", 0, 1));
-        s.enqueue(&status("a", 9, 1));
+        enqueue(&mut s, status("a", 0, 1));
+        enqueue(&mut s, status("a", 9, 1));
         assert_eq!(s.len(), 1);
         assert_eq!(pop_all(&mut s), ["a"]);
     }
@@ -321,7 +325,7 @@ mod tests {
     #[test]
     fn a_failed_start_backs_off_doubling_up_to_the_limit() {
         let mut s = Scheduler::default();
-        s.enqueue(&status("a", 0, 1));
+        enqueue(&mut s, status("a", 0, 1));
         let mut delays = Vec::new();
         for _ in 0..8 {
             let q = s.heap.pop().expect("the run is back in the heap");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 
 use crate::store::layout::{RunPaths, BRIDGE_REQUESTS, CONTROL_DIR, STOP_REQUESTS_DIR};
-use crate::store::Layout;
+use crate::store::{Layout, RunId};
 
 use super::hint::Hint;
 
@@ -297,13 +297,13 @@ impl Watch {
 
     /// Watch a queued run's control inbox: `control/` and 0.67's
     /// `control/stop-requests/` (the caller creates both).
-    pub fn watch_control(&mut self, run_id: &str) {
+    pub fn watch_control(&mut self, run_id: &RunId) {
         let dir = self.layout.run_dir(run_id);
         self.add(&RunPaths::control(&dir));
         self.add(&RunPaths::stop_requests(&dir));
     }
 
-    pub fn unwatch_control(&mut self, run_id: &str) {
+    pub fn unwatch_control(&mut self, run_id: &RunId) {
         let dir = self.layout.run_dir(run_id);
         self.remove(&RunPaths::stop_requests(&dir));
         self.remove(&RunPaths::control(&dir));
@@ -454,7 +454,7 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
     if control.file_name()? == CONTROL_DIR {
         let run_dir: PathBuf = control.parent()?.to_path_buf();
         if run_dir.parent()? == runs {
-            return Some(Hint::Control(run_dir.file_name()?.to_string_lossy().into_owned()));
+            return RunId::of_dir(&run_dir).map(Hint::Control);
         }
     }
     None
@@ -496,11 +496,11 @@ mod tests {
         assert!(classify(spool, runs, Path::new("/r/spool/.tmp")).is_none());
         assert!(matches!(
             classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop.json")),
-            Some(Hint::Control(id)) if id == "x"
+            Some(Hint::Control(id)) if id.as_str() == "x"
         ));
         assert!(matches!(
             classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop-requests/1-u.json")),
-            Some(Hint::Control(id)) if id == "x"
+            Some(Hint::Control(id)) if id.as_str() == "x"
         ));
     }
 }

@@ -39,7 +39,7 @@ impl Runner {
             json!({"status": state.as_str(), "durationMs": duration, "exitCode": self.status.exit_code}),
         );
         self.save();
-        if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.status) {
+        if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.id, &self.status) {
             crate::note!("publishing the run's indexes and result failed: {e}");
         }
         // A runner with pending terminal writes does not exit (PROTOCOL §11).

@@ -24,7 +24,7 @@ use crate::protocol::outcome::Halt;
 use crate::protocol::request::{self, Context, Rejection, Request, MAX_REQUEST_BYTES};
 use crate::protocol::status::{RunnerInfo, State, Status};
 use crate::store::fsutil;
-use crate::store::layout::RunPaths;
+use crate::store::layout::{RunId, RunPaths};
 use crate::store::run::{event, update_status};
 use crate::store::{results, Layout, Writer};
 
@@ -70,6 +70,8 @@ struct Running {
 
 pub struct Runner {
     layout: Layout,
+    /// The run: its directory's name (`dir`'s last component).
+    id: RunId,
     dir: PathBuf,
     req: Request,
     status: Status,
@@ -144,6 +146,9 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let dir = std::fs::canonicalize(run_dir)?;
     let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
+    // A run is its directory: its name is its id.
+    let id = RunId::of_dir(&dir)
+        .ok_or_else(|| anyhow::anyhow!("{} is not a run directory: its name is not a run id", dir.display()))?;
     let lock_path = RunPaths::runner_lock(&dir);
     let Some(_lock) = fsutil::wait_out_capacity(&lock_path, || {
         let r = fsutil::lock(&lock_path, true);
@@ -180,7 +185,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             );
             open_logs(&dir);
             crate::note!("{message}");
-            fail_unvalidated(&mut w, &layout, &dir, &message)?;
+            fail_unvalidated(&mut w, &layout, &id, &message)?;
             return Ok(1);
         }
     };
@@ -191,7 +196,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
         crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
     };
-    let mut r = Runner::new(layout, dir, req, status, w)?;
+    let mut r = Runner::new(layout, id, dir, req, status, w)?;
     r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
     r.execute();
     // Whatever escaped its step and is still around ends with the run.
@@ -238,7 +243,14 @@ impl Runner {
     /// The runner of a run whose `running` status is written. The loop's
     /// wake socket is set up here: off the path from drop to runner started,
     /// and before the first step exists.
-    fn new(layout: Layout, dir: PathBuf, req: Request, status: Status, w: Writer) -> std::io::Result<Runner> {
+    fn new(
+        layout: Layout,
+        id: RunId,
+        dir: PathBuf,
+        req: Request,
+        status: Status,
+        w: Writer,
+    ) -> std::io::Result<Runner> {
         let (tx, rx) = channel();
         let (wake, waker) = UnixStream::pair()?;
         wake.set_nonblocking(true)?;
@@ -248,6 +260,7 @@ impl Runner {
         let limit = if status.timeout_ms > 0 { status.timeout_ms } else { NO_LIMIT_MS };
         Ok(Runner {
             layout,
+            id,
             dir,
             req,
             status,
@@ -337,9 +350,8 @@ fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
 
 /// End a queued run whose request.json fails validation: `failed`, every step
 /// skipped, the reason in `error`, indexes and result published.
-fn fail_unvalidated(w: &mut Writer, l: &Layout, dir: &Path, message: &str) -> anyhow::Result<()> {
-    let run_id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    results::fail_queued(w, l, &run_id, message, "skipped: request.json fails validation")?;
+fn fail_unvalidated(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str) -> anyhow::Result<()> {
+    results::fail_queued(w, l, run_id, message, "skipped: request.json fails validation")?;
     while !w.flush() {
         std::thread::sleep(Duration::from_secs(1));
     }

@@ -5,7 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsutil::{self, mkdir_private, remove_if_exists};
-use super::layout::Layout;
+use super::layout::{Layout, RunId};
 use super::run::{ownership, read_status, Ownership};
 use crate::protocol::seg::seg;
 use crate::protocol::status::{terminal_marker_name, Status, TerminalMarker};
@@ -14,16 +14,16 @@ fn alias_dir(l: &Layout, tool_call_id: &str) -> PathBuf {
     l.active().join("tool-calls").join(seg(tool_call_id))
 }
 
-pub fn mark_active(l: &Layout, s: &Status) -> io::Result<()> {
-    fsutil::touch(&l.active().join(&s.run_id))?;
+pub fn mark_active(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
+    fsutil::touch(&l.active_marker(id))?;
     if let Some(tc) = &s.tool_call_id {
         // The alias is optional: its failure never blocks the run.
         let dir = alias_dir(l, tc);
         let r = mkdir_private(&l.active().join("tool-calls"))
             .and_then(|_| mkdir_private(&dir))
-            .and_then(|_| fsutil::touch(&dir.join(&s.run_id)));
+            .and_then(|_| fsutil::touch(&dir.join(id.as_str())));
         if let Err(e) = r {
-            tracing::warn!(run_id = %s.run_id, error = %e, "could not create the tool-call alias");
+            tracing::warn!(run_id = %id, error = %e, "could not create the tool-call alias");
         }
     }
     Ok(())
@@ -33,14 +33,14 @@ pub fn mark_active(l: &Layout, s: &Status) -> io::Result<()> {
 /// run's `.status.lock`: the marker is created only while the status is still
 /// active, so it can never appear after a fast runner has ended the run and
 /// removed it. False when the run had already ended.
-pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
-    if l.active().join(run_id).exists() {
+pub fn mark_active_if_active(l: &Layout, run_id: &RunId) -> io::Result<bool> {
+    if l.active_marker(run_id).exists() {
         return Ok(true); // already indexed (a restart re-adopting its runs)
     }
     let dir = l.run_dir(run_id);
     let _lock = fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false)?;
     match read_status(&dir)? {
-        Some(s) if s.state.is_active() => mark_active(l, &s).map(|()| true),
+        Some(s) if s.state.is_active() => mark_active(l, run_id, &s).map(|()| true),
         _ => Ok(false),
     }
 }
@@ -48,15 +48,15 @@ pub fn mark_active_if_active(l: &Layout, run_id: &str) -> io::Result<bool> {
 /// Remove the run's active marker and its tool-call alias. The alias is
 /// optional (§6.1): whatever stands in its way (`tool-calls` not a directory,
 /// ENOTDIR, a permission problem) never keeps the marker itself in place.
-pub fn unmark_active(l: &Layout, run_id: &str, tool_call_id: Option<&str>) -> io::Result<()> {
+pub fn unmark_active(l: &Layout, run_id: &RunId, tool_call_id: Option<&str>) -> io::Result<()> {
     if let Some(tc) = tool_call_id {
         let dir = alias_dir(l, tc);
-        if let Err(e) = remove_if_exists(&dir.join(run_id)) {
-            tracing::debug!(run_id, error = %e, path = %dir.display(), "could not remove the tool-call alias");
+        if let Err(e) = remove_if_exists(&dir.join(run_id.as_str())) {
+            tracing::debug!(run_id = %run_id, error = %e, path = %dir.display(), "could not remove the tool-call alias");
         }
         let _ = std::fs::remove_dir(&dir); // only succeeds when empty
     }
-    remove_if_exists(&l.active().join(run_id))
+    remove_if_exists(&l.active_marker(run_id))
 }
 
 pub fn terminal_marker_path(l: &Layout, s: &Status) -> PathBuf {
@@ -80,7 +80,7 @@ pub fn mark_terminal(l: &Layout, s: &Status) -> io::Result<()> {
 /// delete anything).
 #[derive(Debug)]
 pub struct Listed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub ownership: Ownership,
     pub status: Result<Status, String>,
 }
@@ -107,20 +107,20 @@ pub fn list_active(l: &Layout) -> io::Result<Vec<Listed>> {
     };
     for e in dir.flatten() {
         let name = e.file_name();
-        let Some(id) = name.to_str() else { continue };
         // Names outside the run-id grammar cannot name a run directory.
-        if !crate::protocol::is_id(id, 255) || !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
+        let Some(id) = name.to_str().and_then(RunId::parse) else { continue };
+        if !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
             continue;
         }
-        let run_dir = l.run_dir(id);
+        let run_dir = l.run_dir(&id);
         match read_status(&run_dir) {
             Ok(Some(s)) if s.state.is_active() => {
                 let ownership = ownership(&run_dir, Some(&s));
-                out.push(Listed { run_id: id.to_string(), ownership, status: Ok(s) });
+                out.push(Listed { run_id: id, ownership, status: Ok(s) });
             }
             Ok(Some(s)) => {
                 if ownership(&run_dir, Some(&s)).is_ours() {
-                    let _ = unmark_active(l, id, s.tool_call_id.as_deref());
+                    let _ = unmark_active(l, &id, s.tool_call_id.as_deref());
                 }
             }
             // No status: a half-claimed run (the daemon finishes it), a run
@@ -132,7 +132,7 @@ pub fn list_active(l: &Layout) -> io::Result<Vec<Listed>> {
             }
             Err(err) => {
                 let ownership = ownership(&run_dir, None);
-                out.push(Listed { run_id: id.to_string(), ownership, status: Err(err.to_string()) });
+                out.push(Listed { run_id: id, ownership, status: Err(err.to_string()) });
             }
         }
     }
@@ -331,11 +331,10 @@ enum Marker {
 fn validate_marker(l: &Layout, path: &Path) -> Marker {
     let Ok(bytes) = fsutil::read_nofollow(path, 64 * 1024) else { return Marker::Skip };
     let Ok(m) = serde_json::from_slice::<TerminalMarker>(&bytes) else { return Marker::Stale };
-    // A marker is a hint, never a path: only a name of the run-id grammar is looked up.
-    if !crate::protocol::is_id(&m.run_id, 255) {
-        return Marker::Stale;
-    }
-    let dir = l.run_dir(&m.run_id);
+    // A marker is a hint, never a path: only a name of the run-id grammar is
+    // looked up, and the status found there must be that run's own.
+    let Some(id) = RunId::parse(&m.run_id) else { return Marker::Stale };
+    let dir = l.run_dir(&id);
     let s = match read_status(&dir) {
         Ok(Some(s)) => s,
         Ok(None) if std::fs::symlink_metadata(&dir).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) => {
@@ -344,7 +343,7 @@ fn validate_marker(l: &Layout, path: &Path) -> Marker {
         Ok(None) => return Marker::Skip,
         Err(e) => {
             let ownership = ownership(&dir, None);
-            return Marker::Valid(Box::new(Listed { run_id: m.run_id, ownership, status: Err(e.to_string()) }));
+            return Marker::Valid(Box::new(Listed { run_id: id, ownership, status: Err(e.to_string()) }));
         }
     };
     let ownership = ownership(&dir, Some(&s));
@@ -360,7 +359,7 @@ fn validate_marker(l: &Layout, path: &Path) -> Marker {
             return Marker::Stale;
         }
     }
-    Marker::Valid(Box::new(Listed { run_id: m.run_id, ownership, status: Ok(s) }))
+    Marker::Valid(Box::new(Listed { run_id: id, ownership, status: Ok(s) }))
 }
 
 #[cfg(test)]

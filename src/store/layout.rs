@@ -52,8 +52,18 @@ impl Layout {
     pub fn runs(&self) -> PathBuf {
         self.root.join("async-subagent-runs")
     }
-    pub fn run_dir(&self, run_id: &str) -> PathBuf {
-        self.runs().join(run_id)
+    /// `<runs>/<id>`: the only way to a run's directory (a run is its
+    /// directory; see `RunId`).
+    pub fn run_dir(&self, id: &RunId) -> PathBuf {
+        self.runs().join(id.as_str())
+    }
+    /// `<runs>/.active-runs/<id>`, the run's active marker (PROTOCOL §6.1).
+    pub fn active_marker(&self, id: &RunId) -> PathBuf {
+        self.active().join(id.as_str())
+    }
+    /// `<results>/<id>.json`, the run's public result file (PROTOCOL §7).
+    pub fn result_file(&self, id: &RunId) -> PathBuf {
+        self.results().join(format!("{id}.json"))
     }
     pub fn active(&self) -> PathBuf {
         self.runs().join(".active-runs")
@@ -104,6 +114,74 @@ impl Layout {
             self.results(),
             self.daemon_dir(),
         ]
+    }
+}
+
+/// A run's identity: the name of its directory under the runs root, in the
+/// run-id grammar (`[A-Za-z0-9][A-Za-z0-9._-]{0,254}`: one path component,
+/// never `.`, `..` or a dot name). A run is its directory: a `RunId` is made
+/// from a directory entry of the runs root, a marker or spool name, a claim's
+/// validated request, or an argument a user typed, and it is the only thing
+/// `Layout::run_dir` takes. A `runId` read out of a status, marker or event
+/// is data to compare with a `RunId` (`RunId::names`), never one itself: a
+/// copied or crafted file must not steer runspool to another directory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(String);
+
+impl RunId {
+    /// Longest run-directory name (a file name's limit; requests allow 128).
+    pub const MAX: usize = 255;
+
+    /// `s` when it is a valid run-directory name, else None.
+    pub fn parse(s: &str) -> Option<RunId> {
+        crate::protocol::is_id(s, Self::MAX).then(|| RunId(s.to_string()))
+    }
+
+    /// The run of `dir`, the path of a run directory: its last component
+    /// must be a valid id (a path such as `..` or `/` names no run).
+    pub fn of_dir(dir: &Path) -> Option<RunId> {
+        dir.file_name().and_then(|n| n.to_str()).and_then(RunId::parse)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// True when an id read from a file (`runId` of a status, a marker, an
+    /// event) names this run.
+    pub fn names(&self, claimed: &str) -> bool {
+        self.0 == claimed
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl serde::Serialize for RunId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for RunId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for RunId {
+    fn as_ref(&self) -> &str {
+        &self.0
     }
 }
 

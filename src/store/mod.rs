@@ -11,5 +11,5 @@ pub mod run;
 pub mod safety;
 pub mod writer;
 
-pub use layout::Layout;
+pub use layout::{Layout, RunId};
 pub use writer::Writer;

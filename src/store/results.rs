@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use super::fsutil::{self, mkdir_private_all};
-use super::layout::Layout;
+use super::layout::{Layout, RunId};
 use super::{index, Writer};
 use crate::protocol::seg::{seg, seg250};
 use crate::protocol::status::{RunResult, State, Status, StepResult, StepState};
@@ -14,14 +14,14 @@ use crate::protocol::status::{RunResult, State, Status, StepResult, StepState};
 const SUMMARY_BYTES: u64 = 4096;
 
 /// Build the result of a terminal status.
-pub fn build_result(l: &Layout, s: &Status) -> RunResult {
-    let run_dir = l.run_dir(&s.run_id);
+pub fn build_result(l: &Layout, id: &RunId, s: &Status) -> RunResult {
+    let run_dir = l.run_dir(id);
     let last_output = s.steps.iter().rev().find_map(|st| st.output_file.clone());
     let summary = last_output.map(|p| tail(&PathBuf::from(p), SUMMARY_BYTES)).unwrap_or_default();
     let ended = s.ended_at.unwrap_or(s.last_update);
     RunResult {
-        id: s.run_id.clone(),
-        run_id: s.run_id.clone(),
+        id: id.to_string(),
+        run_id: id.to_string(),
         session_id: s.session_id.clone(),
         completion_owner_id: s.completion_owner_id.clone(),
         mode: s.mode.clone(),
@@ -60,21 +60,21 @@ pub fn tail(path: &std::path::Path, max: u64) -> String {
 }
 
 /// Stage, index and promote the result file.
-pub fn publish_result(l: &Layout, s: &Status) -> io::Result<()> {
-    let r = build_result(l, s);
-    let public = l.results().join(format!("{}.json", s.run_id));
+pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
+    let r = build_result(l, id, s);
+    let public = l.result_file(id);
     let pending_dir = l.results().join("result-pending").join(seg(&s.session_id));
     let index_dir = l.results().join("result-index/sessions").join(seg(&s.session_id));
     mkdir_private_all(&pending_dir)?;
     mkdir_private_all(&index_dir)?;
-    let name = format!("{}.json", seg250(&s.run_id));
+    let name = format!("{}.json", seg250(id));
     let pending = pending_dir.join(&name);
     fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
     // `file` is the bare name: pi-subagents 0.67's lookup by session
     // (resultPayloadPathForSessionRun) refuses anything else.
     let idx = json!({
-        "version": 1, "runId": s.run_id, "sessionId": s.session_id,
-        "file": format!("{}.json", s.run_id), "writtenAt": crate::now_ms(),
+        "version": 1, "runId": id.as_str(), "sessionId": s.session_id,
+        "file": format!("{id}.json"), "writtenAt": crate::now_ms(),
         "asyncDir": r.async_dir,
     });
     fsutil::write_atomic(&index_dir.join(&name), &serde_json::to_vec(&idx).map_err(io::Error::other)?, false)?;
@@ -84,17 +84,17 @@ pub fn publish_result(l: &Layout, s: &Status) -> io::Result<()> {
 
 /// After a terminal status write: indexes, then the result, each idempotent,
 /// queued behind the status if the disk is full.
-pub fn finish_terminal(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()> {
-    let (l, s) = (l.clone(), s.clone());
+pub fn finish_terminal(w: &mut Writer, l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
+    let (l, id, s) = (l.clone(), id.clone(), s.clone());
     w.then(
-        format!("finish {}", s.run_id),
+        format!("finish {id}"),
         // The result first, then the terminal marker (its presence tells a
         // restart the result was published), and the active marker last, so a
         // terminal run is never missing from both indexes.
         Box::new(move || {
-            publish_result(&l, &s)?;
+            publish_result(&l, &id, &s)?;
             index::mark_terminal(&l, &s)?;
-            index::unmark_active(&l, &s.run_id, s.tool_call_id.as_deref())
+            index::unmark_active(&l, &id, s.tool_call_id.as_deref())
         }),
     )
 }
@@ -105,14 +105,14 @@ pub fn finish_terminal(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()>
 pub fn write_terminal(
     w: &mut Writer,
     l: &Layout,
-    run_id: &str,
+    run_id: &RunId,
     f: impl FnOnce(Option<Status>) -> Option<Status>,
 ) -> io::Result<Option<Status>> {
     let dir = l.run_dir(run_id);
     let s = super::run::update_status(w, &dir, f)?;
     if let Some(s) = &s {
         if !s.state.is_active() {
-            finish_terminal(w, l, s)?;
+            finish_terminal(w, l, run_id, s)?;
         }
     }
     Ok(s)
@@ -123,7 +123,7 @@ pub fn write_terminal(
 /// skipped with `skip`, `message` as the run's error, exit code 1, the
 /// `subagent.run.completed` event, indexes and result. True when this call
 /// ended it (a run no longer queued is left as it is).
-pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &str, message: &str, skip: &str) -> io::Result<bool> {
+pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str, skip: &str) -> io::Result<bool> {
     use crate::protocol::status::{OpenSteps, State, StepState};
     let now = crate::now_ms();
     let (msg, skip) = (message.to_string(), skip.to_string());

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::fsutil::{self, is_capacity};
 use super::layout::RunPaths;
-use super::Writer;
+use super::{RunId, Writer};
 use crate::protocol::status::Status;
 
 /// Whose run a directory is (PROTOCOL §14). runspool supervises only runs it
@@ -31,9 +31,11 @@ impl Ownership {
     }
 }
 
-/// True when `<runDir>/request.json` is a regular file (never followed).
+/// True when `<runDir>/request.json` is a regular file (never followed) in
+/// a run directory that is itself no symbolic link.
 pub fn claimed(run_dir: &Path) -> bool {
-    std::fs::symlink_metadata(RunPaths::request(run_dir)).is_ok_and(|m| m.file_type().is_file())
+    std::fs::symlink_metadata(run_dir).is_ok_and(|m| m.is_dir())
+        && std::fs::symlink_metadata(RunPaths::request(run_dir)).is_ok_and(|m| m.file_type().is_file())
 }
 
 /// Whose run `run_dir` is, given its status when the caller has read it.
@@ -57,15 +59,58 @@ pub fn ownership(run_dir: &Path, status: Option<&Status>) -> Ownership {
     }
 }
 
-/// Read status.json (or None if missing). A status that does not parse is an error.
+/// Read status.json (or None if missing). A status that does not parse is
+/// an error, and so is one that is not this directory's own: a run is its
+/// directory, so a status whose `runId` is not the directory's name (a
+/// copy, `cp -r run run.bak`, or a crafted file) or a run directory that is
+/// a symbolic link is reported as `InvalidData`, and every reader, writer,
+/// repair and publication built on this function leaves such a directory
+/// alone.
 pub fn read_status(run_dir: &Path) -> io::Result<Option<Status>> {
-    match fsutil::read_nofollow(&RunPaths::status(run_dir), 16 * 1024 * 1024) {
-        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", RunPaths::status(run_dir).display()))
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    let path = RunPaths::status(run_dir);
+    let Some(id) = RunId::of_dir(run_dir) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not a run directory (its name is outside the run-id grammar)", run_dir.display()),
+        ));
+    };
+    if std::fs::symlink_metadata(run_dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is a symbolic link, not a run directory; runspool never follows it (remove the link)",
+                run_dir.display()
+            ),
+        ));
     }
+    let bytes = match fsutil::read_nofollow(&path, 16 * 1024 * 1024) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let s: Status = serde_json::from_slice(&bytes)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+    if !id.names(&s.run_id) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, IdentityMismatch { path, run_id: s.run_id }));
+    }
+    Ok(Some(s))
+}
+
+/// A status.json whose `runId` is not the name of the directory it lives in.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}: names run {run_id:?}, but a run is its directory; runspool leaves this directory alone (it was copied or \
+     edited: move it out of the runs root, or restore its own status.json)",
+    .path.display()
+)]
+pub struct IdentityMismatch {
+    pub path: std::path::PathBuf,
+    pub run_id: String,
+}
+
+/// True when `e` (from `read_status`) is a status that is not its directory's own.
+pub fn is_identity_mismatch(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<IdentityMismatch>())
 }
 
 /// Read, merge and write status.json holding `.status.lock` (PROTOCOL §4).

@@ -23,7 +23,7 @@ use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request
 use crate::providers::{self, Provider, Providers};
 use crate::store::fsutil::{self};
 use crate::store::layout::{ClaimPaths, RunPaths, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
-use crate::store::{Layout, Writer};
+use crate::store::{Layout, RunId, Writer};
 
 pub use crate::store::layout::{BRIDGE_REQUESTS as REQUESTS, BRIDGE_RESPONSES as RESPONSES};
 /// Request entries taken per run per sweep (§8.2); finished claims are not counted.
@@ -136,42 +136,46 @@ impl Bridge {
         &mut self,
         w: &mut Writer,
         layout: &Layout,
-        running: impl Iterator<Item = &'a String>,
+        running: impl Iterator<Item = &'a RunId>,
         watch: &mut Watch,
     ) {
-        let running: HashSet<&String> = running.collect();
+        let running: HashSet<&str> = running.map(|r| r.as_str()).collect();
         let now = Instant::now();
         if now >= self.next_full {
             self.dirty.extend(running.iter().map(|s| s.to_string()));
             self.next_full = now + FULL_SWEEP;
         }
         self.watched.retain(|r| {
-            let keep = running.contains(r);
-            if !keep {
-                watch.remove(&RunPaths::bridge_requests(&layout.run_dir(r)));
+            let keep = running.contains(r.as_str());
+            if let (false, Some(id)) = (keep, RunId::parse(r)) {
+                watch.remove(&RunPaths::bridge_requests(&layout.run_dir(&id)));
             }
             keep
         });
-        self.launched.retain(|r, _| running.contains(r));
-        self.retry_at.retain(|(r, _), _| running.contains(r));
-        self.refused.retain(|(r, ..)| running.contains(r));
+        self.launched.retain(|r, _| running.contains(r.as_str()));
+        self.retry_at.retain(|(r, _), _| running.contains(r.as_str()));
+        self.refused.retain(|(r, ..)| running.contains(r.as_str()));
         if w.is_idle() {
             self.settle_deferred(layout);
         }
-        self.deferred.retain(|(r, _), _| running.contains(r));
+        self.deferred.retain(|(r, _), _| running.contains(r.as_str()));
         for run_id in std::mem::take(&mut self.dirty) {
-            if !running.contains(&run_id) {
-                continue;
-            }
-            if self.sweep(w, layout, &run_id, watch) {
+            let Some(id) = RunId::parse(&run_id).filter(|_| running.contains(run_id.as_str())) else { continue };
+            if self.sweep(w, layout, &id, watch) {
                 self.dirty.insert(run_id);
             }
         }
     }
 
     /// One sweep of one run. True when entries were left for the next turn.
-    fn sweep(&mut self, w: &mut Writer, layout: &Layout, run_id: &str, watch: &mut Watch) -> bool {
+    fn sweep(&mut self, w: &mut Writer, layout: &Layout, run_id: &RunId, watch: &mut Watch) -> bool {
         let dir = layout.run_dir(run_id);
+        // A run is its directory: a run directory replaced by a symbolic
+        // link (or anything but a directory) is never followed (§3).
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return false;
+        }
+        let run_id = run_id.as_str();
         let reqdir = RunPaths::bridge_requests(&dir);
         match fsutil::real_dir(&reqdir) {
             Ok(()) => {}
@@ -414,7 +418,8 @@ impl Bridge {
     fn settle_deferred(&mut self, layout: &Layout) {
         for ((run_id, id), entry) in self.deferred.drain() {
             let Some((dev, ino)) = entry else { continue };
-            let path = RunPaths::bridge_request(&layout.run_dir(&run_id), &id);
+            let Some(rid) = RunId::parse(&run_id) else { continue };
+            let path = RunPaths::bridge_request(&layout.run_dir(&rid), &id);
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
                 self.refused.insert((run_id, id, dev, ino));
             }

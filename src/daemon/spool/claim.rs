@@ -14,7 +14,7 @@ use crate::protocol::request::{self, Context, Rejection, RejectionCode, Request,
 use crate::protocol::status::Status;
 use crate::store::fsutil::{self, fsync_dir, is_capacity};
 use crate::store::layout::RunPaths;
-use crate::store::{index, run, Layout, Writer};
+use crate::store::{index, run, Layout, RunId, Writer};
 
 use super::reject::{reject_entry, rejected_run};
 use super::{check_entry, claim_id, classify_name, republish, same_file, Claimer, FileId, Name, Outcome};
@@ -88,7 +88,8 @@ impl Claimer<'_> {
         let req = match request::validate(&raw, &value, self.ctx) {
             Ok(r) => r,
             Err(r) => {
-                let run_id = value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).map(str::to_string);
+                let run_id =
+                    value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse);
                 return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
             }
         };
@@ -98,8 +99,9 @@ impl Claimer<'_> {
     /// Steps 6 to 8.
     fn claim(&mut self, path: &Path, name: &str, lock: File, req: Request, raw: &[u8]) -> Outcome {
         let Ok(held) = lock.metadata() else { return Outcome::Later };
+        // The validator admits only ids of the run-id grammar, and `claim_id` is a UUID.
         let (run_id, generated) = match &req.run_id {
-            Some(id) => (id.clone(), false),
+            Some(id) => (RunId::parse(id).expect("a validated runId is a run id"), false),
             None => (claim_id(&held, name), true),
         };
         let mut dir = self.layout.run_dir(&run_id);
@@ -108,7 +110,7 @@ impl Claimer<'_> {
         // directory instead of leaving an orphan. Should it ever meet a real
         // run (a reused inode with the same ctime), a random id is taken.
         let run_id = if generated && (RunPaths::request(&dir).exists() || RunPaths::status(&dir).exists()) {
-            let id = uuid::Uuid::new_v4().to_string();
+            let id = RunId::parse(&uuid::Uuid::new_v4().to_string()).expect("a UUID is a run id");
             dir = self.layout.run_dir(&id);
             id
         } else {
@@ -154,7 +156,7 @@ impl Claimer<'_> {
         let _ = fsync_dir(&self.layout.spool());
         tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
         match finish_claim(self.w, self.layout, &run_id, &req) {
-            Ok(s) => Outcome::Claimed(Box::new(s)),
+            Ok(s) => Outcome::Claimed(run_id, Box::new(s)),
             Err(error) => Outcome::Unfinished { run_id, error },
         }
     }
@@ -162,7 +164,7 @@ impl Claimer<'_> {
     /// Step 6: the run directory, made private. Ok(true): created now;
     /// Ok(false): the empty trace of an interrupted claim of this request;
     /// Err: what to do instead (a rejection, or a retry later).
-    fn make_run_dir(&mut self, path: &Path, name: &str, dir: &Path, run_id: &str) -> Result<bool, Outcome> {
+    fn make_run_dir(&mut self, path: &Path, name: &str, dir: &Path, run_id: &RunId) -> Result<bool, Outcome> {
         match std::fs::DirBuilder::new().mode_private().create(dir) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -194,7 +196,7 @@ impl Claimer<'_> {
             }
             Err(e) if is_capacity(&e) => Err(Outcome::Capacity(e)),
             Err(e) => {
-                tracing::error!(request = name, run_id, error = %e, "cannot create the run directory; will retry");
+                tracing::error!(request = name, run_id = %run_id, error = %e, "cannot create the run directory; will retry");
                 Err(Outcome::Later)
             }
         }
@@ -202,7 +204,7 @@ impl Claimer<'_> {
 
     /// Move an entry to rejected/ with its error file (and a rejected run
     /// when the body carried a valid, unused run id).
-    fn reject(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(String, Value)>) -> Outcome {
+    fn reject(&mut self, path: &Path, name: &str, r: Rejection, run: Option<(RunId, Value)>) -> Outcome {
         self.reject_seen(path, name, r, run, None)
     }
 
@@ -213,7 +215,7 @@ impl Claimer<'_> {
         path: &Path,
         name: &str,
         r: Rejection,
-        run: Option<(String, Value)>,
+        run: Option<(RunId, Value)>,
         seen: Option<FileId>,
     ) -> Outcome {
         match reject_entry(self.w, self.layout, path, name, &r, run, seen) {
@@ -282,7 +284,7 @@ fn committed_bytes_are(path: &Path, held: &std::fs::Metadata, raw: &[u8]) -> boo
 /// (request.json without status.json) at daemon start. The active marker
 /// follows with `mark_claimed`, once the runner has been started when a slot
 /// is free (perf: one file creation fewer between the drop and the runner).
-pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> io::Result<Status> {
+pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &RunId, req: &Request) -> io::Result<Status> {
     let dir = l.run_dir(run_id);
     let now = crate::now_ms();
     let queued = Status::queued(req, run_id, &dir, now);
@@ -303,7 +305,7 @@ pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &str, req: &Request) -> 
 /// never executes bytes that were not validated), then the run is queued;
 /// one that fails validation becomes a `rejected` run with the code and
 /// message (PROTOCOL §2.3). `Ok(None)`: rejected, or nothing left to do.
-pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Context) -> io::Result<Option<Status>> {
+pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &RunId, ctx: &dyn Context) -> io::Result<Option<Status>> {
     let dir = l.run_dir(run_id);
     let path = RunPaths::request(&dir);
     if RunPaths::status(&dir).exists() {
@@ -314,7 +316,7 @@ pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Con
         Err(Rejection::new(RejectionCode::TooLarge, format!("{} is over {MAX_REQUEST_BYTES} bytes", path.display())))
     } else {
         request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)).and_then(|req| match &req.run_id {
-            Some(id) if id != run_id => Err(Rejection::new(
+            Some(id) if !run_id.names(id) => Err(Rejection::new(
                 RejectionCode::InvalidField,
                 format!(
                     "field `runId` is `{id}` but the request is in {}; a run's request names its own run",
@@ -328,7 +330,7 @@ pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &str, ctx: &dyn Con
         Ok(req) => finish_claim(w, l, run_id, &req).map(|s| Some(s).filter(|s| s.state.is_active())),
         Err(r) => {
             tracing::warn!(
-                run_id,
+                run_id = %run_id,
                 code = r.code.as_str(),
                 "the request of a half-done claim fails validation: rejected: {}",
                 r.message
@@ -386,7 +388,7 @@ pub fn ensure_queued_event(w: &mut Writer, dir: &Path, run_id: &str, priority: i
 /// The active marker of a claimed run (PROTOCOL §2.3 step 8), created under
 /// the status lock and only while the run is active, since its runner may
 /// already be at work; queued behind deferred writes on a full disk.
-pub fn mark_claimed(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
-    let (l2, id) = (l.clone(), run_id.to_string());
+pub fn mark_claimed(w: &mut Writer, l: &Layout, run_id: &RunId) -> io::Result<()> {
+    let (l2, id) = (l.clone(), run_id.clone());
     w.then(format!("active marker {run_id}"), Box::new(move || index::mark_active_if_active(&l2, &id).map(|_| ())))
 }

@@ -38,7 +38,7 @@ pub struct Intake {
     grace: Grace,
     retry_at: Option<Instant>,
     /// Claimed in this turn: their active markers follow the start of runners.
-    claimed: Vec<String>,
+    claimed: Vec<crate::store::RunId>,
 }
 
 impl Default for Intake {
@@ -94,10 +94,10 @@ impl Intake {
             let Some(name) = self.backlog.pop_front() else { break };
             let mut claimer = Claimer { layout: env.layout, w: &mut *env.w, ctx: env.cfg, grace: &mut self.grace };
             match claimer.process(&name) {
-                Outcome::Claimed(s) => {
+                Outcome::Claimed(id, s) => {
                     done += 1;
-                    self.claimed.push(s.run_id.clone());
-                    out.push(Effect::Queue(s));
+                    self.claimed.push(id.clone());
+                    out.push(Effect::Queue(id, s));
                     if !env.w.is_idle() {
                         // Its status is only in memory: stop claiming until storage recovers.
                         later = true;

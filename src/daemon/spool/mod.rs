@@ -21,7 +21,7 @@ use crate::platform::rename_noreplace;
 use crate::protocol::is_id;
 use crate::protocol::request::{Context, Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::protocol::status::Status;
-use crate::store::{Layout, Writer};
+use crate::store::{Layout, RunId, Writer};
 
 /// How long a file that does not parse may still be a writer's work in progress.
 const WRITE_GRACE_MS: i64 = 2000;
@@ -102,7 +102,7 @@ pub fn check_entry(path: &Path, md: &std::fs::Metadata) -> Result<(), Rejection>
 }
 
 pub enum Outcome {
-    Claimed(Box<Status>),
+    Claimed(RunId, Box<Status>),
     Rejected,
     /// Left in place for a later look (busy, still being written, raced).
     Later,
@@ -112,7 +112,7 @@ pub enum Outcome {
     /// could not be written: the caller finishes the run by its directory
     /// (`finish_half_claim`), never by the spool name, which is gone.
     Unfinished {
-        run_id: String,
+        run_id: RunId,
         error: io::Error,
     },
 }
@@ -224,7 +224,7 @@ fn republish(from: &Path, spool: &Path, name: &str) -> io::Result<()> {
 /// stay fixed while the entry waits in the spool and change when a new file
 /// takes the name. FNV-1a rather than std's hasher: the id must not change
 /// when the daemon is rebuilt with another Rust between a crash and a retry.
-pub fn claim_id(md: &std::fs::Metadata, name: &str) -> String {
+pub fn claim_id(md: &std::fs::Metadata, name: &str) -> RunId {
     fn fnv(seed: u64, parts: &[&[u8]]) -> u64 {
         let mut h = seed;
         for b in parts.iter().flat_map(|p| p.iter().chain(&[0xff])) {
@@ -239,7 +239,7 @@ pub fn claim_id(md: &std::fs::Metadata, name: &str) -> String {
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325, &parts).to_le_bytes());
     bytes[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142, &parts).to_le_bytes());
-    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+    RunId::parse(&uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()).expect("a UUID is a run id")
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::protocol::request::{self, Context, Rejection, RejectionCode, MAX_REQU
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, fsync_dir, mkdir_private};
 use crate::store::layout::{RunPaths, ERROR_FILE_SUFFIX};
-use crate::store::{index, results, run, Layout, Writer};
+use crate::store::{index, results, run, Layout, RunId, Writer};
 
 use super::check_entry;
 use super::{classify_name, republish, FileId, Name};
@@ -45,7 +45,7 @@ pub fn reject_entry(
     path: &Path,
     name: &str,
     r: &Rejection,
-    run: Option<(String, Value)>,
+    run: Option<(RunId, Value)>,
     seen: Option<FileId>,
 ) -> io::Result<bool> {
     // rejected/ must be a real directory of ours, or the move could leave the root.
@@ -106,7 +106,7 @@ pub use crate::store::layout::REJECTED_STAGING_PREFIX as STAGING_PREFIX;
 
 /// The status of a `rejected` run for `body`, its fields taken from the
 /// body where they are present and within their limits.
-fn rejected_status(run_id: &str, body: &Value, r: &Rejection) -> Status {
+fn rejected_status(run_id: &RunId, body: &Value, r: &Rejection) -> Status {
     let now = crate::now_ms();
     let text = |k: &str| body.get(k).and_then(Value::as_str).map(str::to_string);
     let mode = match body.get("steps").and_then(Value::as_array).map(|a| a.as_slice()) {
@@ -146,12 +146,12 @@ fn rejected_status(run_id: &str, body: &Value, r: &Rejection) -> Status {
 }
 
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
-pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Value, r: &Rejection) -> io::Result<()> {
+pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &RunId, body: &Value, r: &Rejection) -> io::Result<()> {
     let dir = l.run_dir(run_id);
     let status = rejected_status(run_id, body, r);
     // One idempotent operation, retried by the writer while storage is full:
     // the entry is already in rejected/, so the run must follow.
-    let (l, run_id, code, message) = (l.clone(), run_id.to_string(), r.code, r.message.clone());
+    let (l, run_id, code, message) = (l.clone(), run_id.clone(), r.code, r.message.clone());
     w.then(
         format!("rejected run {run_id}"),
         Box::new(move || {
@@ -196,7 +196,7 @@ pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &str, body: &Valu
                 }
                 Err(e) => return Err(e),
             }
-            results::publish_result(&l, &status)?;
+            results::publish_result(&l, &run_id, &status)?;
             index::mark_terminal(&l, &status)?;
             index::unmark_active(&l, &run_id, status.tool_call_id.as_deref())
         }),
@@ -260,13 +260,16 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
         }
         let Ok(raw) = fsutil::read_nofollow(&entry, MAX_REQUEST_BYTES + 1) else { continue };
         let Ok(body) = serde_json::from_slice::<Value>(&raw) else { continue };
-        let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)) else { continue };
-        if RunPaths::status(&l.run_dir(id)).exists() || RunPaths::request(&l.run_dir(id)).exists() {
+        let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse)
+        else {
             continue;
+        };
+        if std::fs::symlink_metadata(l.run_dir(&id)).is_ok() {
+            continue; // taken (a run, or anything else): never written through
         }
-        match rejected_run(w, l, id, &body, &r) {
-            Ok(()) => tracing::info!(run_id = id, request = %name, "created the missing rejected run"),
-            Err(e) => tracing::warn!(run_id = id, error = %e, "could not create the missing rejected run"),
+        match rejected_run(w, l, &id, &body, &r) {
+            Ok(()) => tracing::info!(run_id = %id, request = %name, "created the missing rejected run"),
+            Err(e) => tracing::warn!(run_id = %id, error = %e, "could not create the missing rejected run"),
         }
     }
 }

@@ -22,7 +22,7 @@ pub enum Withdrawal {
     /// Moved to `entry` in rejected/ (code `withdrawn`, with its error file,
     /// and a `rejected` run when the body named a valid, unused run id): it
     /// never runs.
-    Withdrawn { entry: PathBuf, run_id: Option<String> },
+    Withdrawn { entry: PathBuf, run_id: Option<crate::store::RunId> },
     /// No longer in the spool, or no longer the same file: the daemon (or
     /// another client) settled it first; look for its run or its rejection.
     Gone,
@@ -83,7 +83,7 @@ pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal>
         .and_then(|b| b.get("runId"))
         .and_then(Value::as_str)
         .filter(|s| is_id(s, 128))
-        .map(str::to_string);
+        .and_then(crate::store::RunId::parse);
     // Before any daemon ran, the CLI makes what it writes into (0700, as the daemon would).
     for d in [l.rejected(), l.runs(), l.terminal()] {
         fsutil::mkdir_private_all(&d)?;

@@ -13,7 +13,7 @@ use super::bridge::Bridge;
 use super::dead_runner::DeadRunners;
 use super::part::{Effect, Env};
 use crate::store::fsutil::is_capacity;
-use crate::store::run;
+use crate::store::{run, RunId};
 pub use program::{RunnerProgram, SpawnError};
 pub use repair::{ensure_published_status, take_runner_lock};
 
@@ -36,9 +36,9 @@ pub enum Start {
 }
 
 pub struct Supervisor {
-    running: HashMap<String, Slot>,
+    running: HashMap<RunId, Slot>,
     /// Runs whose runner exited, to be settled by `check`.
-    settling: Vec<String>,
+    settling: Vec<RunId>,
     /// Dead runners' processes and external jobs, cleared before their run is repaired.
     dead: DeadRunners,
     program: RunnerProgram,
@@ -64,32 +64,32 @@ impl Supervisor {
 
     /// Does this run have a runner, or is it being settled?
     pub fn knows(&self, run_id: &str) -> bool {
-        self.running.contains_key(run_id) || self.settling.iter().any(|s| s == run_id)
+        self.running.contains_key(run_id) || self.settling.iter().any(|s| s.as_str() == run_id)
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &String> {
+    pub fn ids(&self) -> impl Iterator<Item = &RunId> {
         self.running.keys().chain(self.settling.iter())
     }
 
     /// Runs whose external-job requests the bridge services: every running
     /// run but those whose dead runner is being cleaned up.
-    pub fn bridged(&self) -> impl Iterator<Item = &String> {
+    pub fn bridged(&self) -> impl Iterator<Item = &RunId> {
         self.running.keys().filter(|id| !self.dead.holds(id))
     }
 
     /// Supervise a run whose runner this daemon did not start.
-    pub fn adopt(&mut self, run_id: String) {
+    pub fn adopt(&mut self, run_id: RunId) {
         self.running.entry(run_id).or_insert(Slot { child: None });
     }
 
     /// Start the runner of a queued run.
-    pub fn start(&mut self, env: &mut Env, run_id: &str, out: &mut Vec<Effect>) -> Start {
+    pub fn start(&mut self, env: &mut Env, run_id: &RunId, out: &mut Vec<Effect>) -> Start {
         let dir = env.layout.run_dir(run_id);
         match self.program.start(&dir) {
             Ok(child) => {
                 env.w.outside_ok();
-                tracing::info!(run_id, runner_pid = child.id(), "runner started");
-                self.running.insert(run_id.to_string(), Slot { child: Some(child) });
+                tracing::info!(run_id = %run_id, runner_pid = child.id(), "runner started");
+                self.running.insert(run_id.clone(), Slot { child: Some(child) });
                 Start::Started
             }
             Err(SpawnError::Transient { error, message }) => {
@@ -99,7 +99,7 @@ impl Supervisor {
                 Start::Retry { message }
             }
             Err(SpawnError::Permanent { message }) => {
-                tracing::error!(run_id, runner = %self.program.describe(), "{message}; the run fails");
+                tracing::error!(run_id = %run_id, runner = %self.program.describe(), "{message}; the run fails");
                 self.fail_unstartable(env, run_id, &message, out);
                 Start::Failed
             }
@@ -108,17 +108,17 @@ impl Supervisor {
 
     /// A queued run whose runner cannot be started ends `failed` with the
     /// reason, which names the errno and the runner program.
-    fn fail_unstartable(&mut self, env: &mut Env, run_id: &str, message: &str, out: &mut Vec<Effect>) {
+    fn fail_unstartable(&mut self, env: &mut Env, run_id: &RunId, message: &str, out: &mut Vec<Effect>) {
         let dir = env.layout.run_dir(run_id);
         match take_runner_lock(&dir) {
             Ok(Some(_lock)) => match repair::fail_unstartable(env.w, env.layout, run_id, message) {
-                Ok(true) => out.push(Effect::Ended(run_id.to_string())),
+                Ok(true) => out.push(Effect::Ended(run_id.clone())),
                 Ok(false) => {}
-                Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+                Err(e) => tracing::error!(run_id = %run_id, error = %e, "could not record why the run failed to start"),
             },
             // Some runner holds it after all: `check` watches it.
-            Ok(None) => self.adopt(run_id.to_string()),
-            Err(e) => tracing::error!(run_id, error = %e, "could not record why the run failed to start"),
+            Ok(None) => self.adopt(run_id.clone()),
+            Err(e) => tracing::error!(run_id = %run_id, error = %e, "could not record why the run failed to start"),
         }
     }
 
@@ -151,7 +151,7 @@ impl Supervisor {
     /// not start (re-adopted ones) by their lock; repair the dead ones.
     pub fn check(&mut self, env: &mut Env, bridge: &Bridge, out: &mut Vec<Effect>) {
         let childless = self.running.iter().filter(|(_, s)| s.child.is_none()).map(|(id, _)| (id.clone(), false));
-        let ids: Vec<(String, bool)> =
+        let ids: Vec<(RunId, bool)> =
             std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();
         for (id, reaped) in ids {
             match self.settle(env, bridge, &id) {
@@ -179,7 +179,7 @@ impl Supervisor {
 
     /// One run of `check`: is its runner alive, and if not, its run repaired
     /// (or its publication finished)?
-    fn settle(&mut self, env: &mut Env, bridge: &Bridge, id: &str) -> Settle {
+    fn settle(&mut self, env: &mut Env, bridge: &Bridge, id: &RunId) -> Settle {
         let dir = env.layout.run_dir(id);
         if !run::claimed(&dir) {
             // Only runs we claimed get here; should one ever lose its
@@ -202,7 +202,7 @@ impl Supervisor {
             // Its processes and external jobs are being cleared; the repair follows.
             Ok(Some(s)) if s.state.is_active() && self.dead.hold_repair(bridge, &dir, id, &s) => return Settle::Held,
             Ok(Some(s)) if s.state.is_active() => repair::repair(env.w, env.layout, id),
-            Ok(Some(s)) => ensure_published_status(env.w, env.layout, &s),
+            Ok(Some(s)) => ensure_published_status(env.w, env.layout, id, &s),
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };

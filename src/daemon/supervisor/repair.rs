@@ -12,12 +12,12 @@ use serde_json::json;
 use crate::protocol::status::{OpenSteps, State, Status, StepState, Unfinished};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
-use crate::store::{index, results, run, Layout, Writer};
+use crate::store::{index, results, run, Layout, RunId, Writer};
 
 /// End a queued run whose runner cannot be started: `failed`, every step
 /// skipped, `message` (which names the errno and the runner) as its error.
 /// The caller holds runner.lock.
-pub fn fail_unstartable(w: &mut Writer, l: &Layout, run_id: &str, message: &str) -> io::Result<bool> {
+pub fn fail_unstartable(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str) -> io::Result<bool> {
     results::fail_queued(w, l, run_id, message, "skipped: the runner could not be started")
 }
 
@@ -28,7 +28,7 @@ pub fn take_runner_lock(run_dir: &Path) -> io::Result<Option<File>> {
 }
 
 /// Repair an active run whose runner died (the caller holds runner.lock).
-pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
+pub fn repair(w: &mut Writer, l: &Layout, run_id: &RunId) -> io::Result<()> {
     let dir = l.run_dir(run_id);
     let Some(cur) = run::read_status(&dir)? else { return Ok(()) };
     if !cur.state.is_active() {
@@ -38,7 +38,7 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
     for st in &cur.steps {
         if let (StepState::Running, Some(pgid)) = (&st.status, st.pid) {
             if !crate::platform::run_processes_in_group(pgid, run_id).is_empty() {
-                tracing::warn!(run_id, pgid, "killing the step process group left by a dead runner");
+                tracing::warn!(run_id = %run_id, pgid, "killing the step process group left by a dead runner");
                 let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
             }
         }
@@ -59,7 +59,7 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
         s.end(State::Failed, Some(msg), &open, now).then_some(s)
     })?;
     if s.is_some_and(|s| s.state == State::Failed) {
-        tracing::warn!(run_id, runner_pid = pid, "repaired a run whose runner died");
+        tracing::warn!(run_id = %run_id, runner_pid = pid, "repaired a run whose runner died");
         run::event(w, &dir, run_id, "subagent.run.repaired_stale", json!({"pid": pid, "message": message}));
     }
     Ok(())
@@ -67,13 +67,13 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &str) -> io::Result<()> {
 
 /// A terminal run whose publication may have been cut short (the runner or
 /// the daemon died between the status and the indexes): finish it again.
-pub fn ensure_published_status(w: &mut Writer, l: &Layout, s: &Status) -> io::Result<()> {
+pub fn ensure_published_status(w: &mut Writer, l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     if s.state.is_active() {
         return Ok(());
     }
     let marker = index::terminal_marker_path(l, s);
-    if !marker.exists() || l.active().join(&s.run_id).exists() {
-        results::finish_terminal(w, l, s)?;
+    if !marker.exists() || l.active_marker(id).exists() {
+        results::finish_terminal(w, l, id, s)?;
     }
     Ok(())
 }
