@@ -29,8 +29,16 @@ if [ "$(id -u)" != 0 ]; then
   echo "fixtures.sh: need root to install ${pkgs[*]}" >&2
   exit 1
 fi
-# One installer at a time: test binaries run this concurrently.
-exec 9>/tmp/runspool-fixtures.lock
-flock 9
+# One installer at a time: test binaries run this concurrently. The lock
+# file is removed as the lock is let go (so nothing is left in /tmp); a
+# waiter that wins the lock on the removed file locks the path anew.
+lock=/tmp/runspool-fixtures.lock
+while :; do
+  exec 9>>"$lock"
+  flock 9
+  [ "$(stat -L -c %d:%i /proc/self/fd/9)" = "$(stat -c %d:%i "$lock" 2>/dev/null)" ] && break
+  exec 9>&-
+done
+trap 'rm -f "$lock"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -q "${pkgs[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "${pkgs[@]}" >/dev/null; }

@@ -9,7 +9,6 @@ mod common;
 
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,18 +38,13 @@ struct Journald {
     child: Option<Child>,
     created: Vec<PathBuf>,
     stderr: Option<tempfile::NamedTempFile>,
-    _lock: File,
+    _lock: MachineLock,
 }
 
 impl Journald {
     fn ensure() -> Journald {
         // One journald starter at a time, across test binaries and worktrees.
-        let lock = File::options()
-            .create(true)
-            .append(true)
-            .open(std::env::temp_dir().join("runspool-journald-test.lock"))
-            .unwrap();
-        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+        let lock = MachineLock::acquire("runspool-journald-test.lock", Duration::from_secs(600));
         if journal_listening() {
             eprintln!("journald: using the journald already running on this machine");
             return Journald { child: None, created: vec![], stderr: None, _lock: lock };

@@ -1,25 +1,39 @@
 //! The built-in `slurm` provider against a real single-node Slurm cluster,
-//! started by scripts/slurm-dev-cluster.sh (one cluster per test binary; it is
-//! stopped at exit if this binary started it). Needs root; skips otherwise.
+//! started by scripts/slurm-dev-cluster.sh in a directory of this test
+//! binary's own under the temp dir (one cluster per test binary, stopped and
+//! its directory removed at exit). Clients, and the daemons the tests start,
+//! find it only through SLURM_CONF. Needs root; skips otherwise.
 
 mod common;
 
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
-
-const CLUSTER_DIR: &str = "/tmp/runspool-slurm-dev";
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-dev-cluster.sh")
 }
 
+fn run_script(cmd: &str, dir: &Path) -> Output {
+    Command::new("bash").arg(script()).arg(cmd).arg(dir).output().expect("run slurm-dev-cluster.sh")
+}
+
+/// A directory for a cluster, not yet created (the script makes it; `down` removes it).
+fn fresh_cluster_dir(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(unique(&format!("runspool-slurm-{tag}")))
+}
+
+/// The shared cluster's directory, chosen at the first `cluster()` call.
+static CLUSTER_DIR: OnceLock<PathBuf> = OnceLock::new();
+
 extern "C" fn cluster_down() {
-    let _ = Command::new("bash").arg(script()).arg("down").arg(CLUSTER_DIR).status();
+    if let Some(dir) = CLUSTER_DIR.get() {
+        let _ = run_script("down", dir);
+    }
 }
 
 /// SLURM_CONF of the shared cluster, or None (with a message) when the tests must skip.
@@ -33,19 +47,18 @@ fn cluster() -> Option<String> {
     static CONF: OnceLock<String> = OnceLock::new();
     Some(
         CONF.get_or_init(|| {
-            let out = Command::new("bash")
-                .arg(script())
-                .arg("up")
-                .arg(CLUSTER_DIR)
-                .output()
-                .expect("run slurm-dev-cluster.sh");
-            assert!(out.status.success(), "slurm-dev-cluster.sh up failed:\n{}", describe(&out));
-            if stdout_str(&out).contains("started") {
-                unsafe {
-                    libc::atexit(cluster_down);
-                }
-            }
-            format!("{CLUSTER_DIR}/etc/slurm.conf")
+            // The exit hook is registered before `up`, so a half-started cluster is stopped too.
+            let dir = CLUSTER_DIR
+                .get_or_init(|| {
+                    unsafe {
+                        libc::atexit(cluster_down);
+                    }
+                    fresh_cluster_dir("dev")
+                })
+                .clone();
+            let out = run_script("up", &dir);
+            assert!(out.status.success(), "slurm-dev-cluster.sh up {} failed:\n{}", dir.display(), describe(&out));
+            dir.join("etc/slurm.conf").to_str().unwrap().to_string()
         })
         .clone(),
     )
@@ -333,4 +346,88 @@ fn follow_up_submits_a_job_that_waits_for_its_parent() {
     });
     open_gate(&env.work.join("host-gate"));
     env.wait_terminal(&id);
+}
+
+/// The machine-wide files a Slurm/munge set-up would touch: kind, mode, owner,
+/// mtime and (for files) a content hash of each, or that it is absent.
+fn machine_wide_snapshot() -> Vec<String> {
+    ["/etc/slurm", "/etc/slurm/slurm.conf", "/etc/munge", "/etc/munge/munge.key"]
+        .iter()
+        .map(|p| match fs::symlink_metadata(p) {
+            Err(_) => format!("{p}: absent"),
+            Ok(m) => {
+                let hash = if m.is_file() { sha256_hex(&fs::read(p).unwrap()) } else { "-".to_string() };
+                format!(
+                    "{p}: {:?} mode {:o} owner {}:{} mtime {}.{} sha256 {hash}",
+                    m.file_type(),
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    m.mtime(),
+                    m.mtime_nsec()
+                )
+            }
+        })
+        .collect()
+}
+
+/// The processes in `dir/pids/` (the ones `up` started).
+fn recorded_pids(dir: &Path) -> Vec<(String, i64)> {
+    list_names(&dir.join("pids"))
+        .into_iter()
+        .filter_map(|n| {
+            let pid = fs::read_to_string(dir.join("pids").join(&n)).ok()?.trim().parse().ok()?;
+            Some((n, pid))
+        })
+        .collect()
+}
+
+/// Runs `down` on drop, so a failing assertion does not leave the cluster running.
+struct StopCluster(PathBuf);
+
+impl Drop for StopCluster {
+    fn drop(&mut self) {
+        let _ = run_script("down", &self.0);
+    }
+}
+
+/// README promises the suite leaves machine-wide settings alone: the cluster
+/// the tests start is reachable only through SLURM_CONF, writes nothing in
+/// /etc (an admin's slurm.conf and munge key stay as they were, byte for
+/// byte), and `down` stops its processes and leaves no directory behind.
+#[test]
+fn dev_cluster_writes_nothing_in_etc_and_down_removes_its_directory() {
+    // The shared cluster first: whatever apt installs on a fresh machine
+    // (the one documented machine-wide change) is in place before the snapshot.
+    let Some(_) = cluster() else { return };
+    let before = machine_wide_snapshot();
+    let dir = fresh_cluster_dir("check");
+    let _stop = StopCluster(dir.clone());
+    let out = run_script("up", &dir);
+    assert!(out.status.success(), "slurm-dev-cluster.sh up {} failed:\n{}", dir.display(), describe(&out));
+    let conf = dir.join("etc/slurm.conf");
+    let dir_s = dir.to_str().unwrap();
+    let via_env = Command::new("scontrol").args(["show", "config"]).env("SLURM_CONF", &conf).output().unwrap();
+    assert!(
+        via_env.status.success() && stdout_str(&via_env).contains(dir_s),
+        "scontrol with SLURM_CONF={} does not reach the cluster: {}",
+        conf.display(),
+        describe(&via_env)
+    );
+    let plain = Command::new("scontrol").args(["show", "config"]).env_remove("SLURM_CONF").output().unwrap();
+    assert!(
+        !(plain.status.success() && stdout_str(&plain).contains(dir_s)),
+        "scontrol without SLURM_CONF found the test cluster, so its config was installed machine-wide: {}",
+        describe(&plain)
+    );
+    assert_eq!(machine_wide_snapshot(), before, "while the cluster is up");
+    let pids = recorded_pids(&dir);
+    assert_eq!(pids.len(), 3, "munged, slurmctld and slurmd recorded: {pids:?}");
+    let out = run_script("down", &dir);
+    assert!(out.status.success(), "slurm-dev-cluster.sh down {} failed:\n{}", dir.display(), describe(&out));
+    for (name, pid) in &pids {
+        assert!(!process_alive(*pid), "{name} (pid {pid}) still runs after down");
+    }
+    assert!(!dir.exists(), "down left {} behind: {:?}", dir.display(), list_names(&dir));
+    assert_eq!(machine_wide_snapshot(), before, "after the cluster stopped");
 }

@@ -26,7 +26,6 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::io::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -51,7 +50,7 @@ struct Session {
     manager_pid: Option<i64>,
     seq: u32,
     transcript: String,
-    _lock: File,
+    _lock: MachineLock,
 }
 
 enum Start {
@@ -62,13 +61,7 @@ enum Start {
 impl Session {
     fn new() -> Session {
         // One user manager per test user at a time, across checkouts too.
-        let lock_path = std::env::temp_dir().join("runspool-systemd-user-test.lock");
-        let lock = File::options().create(true).truncate(false).write(true).open(&lock_path).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            assert!(Instant::now() < deadline, "{} is still locked after 10 minutes", lock_path.display());
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let lock = MachineLock::acquire("runspool-systemd-user-test.lock", Duration::from_secs(600));
         let base = tempfile::Builder::new().prefix("rsum-").tempdir().unwrap();
         fs::set_permissions(base.path(), fs::Permissions::from_mode(0o711)).unwrap();
         let base_path = fs::canonicalize(base.path()).unwrap();

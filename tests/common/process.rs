@@ -160,3 +160,50 @@ pub fn proc_rss_kib(pid: i64) -> Option<(u64, u64)> {
 pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
+
+/// An exclusive lock shared by every test binary and checkout on this machine
+/// (one journald starter, one systemd user manager at a time), held until
+/// drop. Its file, `<temp dir>/<name>`, is removed as the lock is let go, so
+/// no run leaves it behind; a waiter that then wins the lock on the removed
+/// file sees that the path no longer names it and locks the path anew.
+pub struct MachineLock {
+    path: std::path::PathBuf,
+    _file: fs::File,
+}
+
+impl MachineLock {
+    pub fn acquire(name: &str, timeout: Duration) -> MachineLock {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        use std::os::unix::io::AsRawFd;
+        let path = std::env::temp_dir().join(name);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("cannot open the lock file {}: {e}", path.display()));
+            while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{} is still locked after {timeout:?}: another test run holds it",
+                    path.display()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let held = file.metadata().unwrap();
+            if fs::symlink_metadata(&path).is_ok_and(|m| m.dev() == held.dev() && m.ino() == held.ino()) {
+                return MachineLock { path, _file: file };
+            }
+        }
+    }
+}
+
+impl Drop for MachineLock {
+    fn drop(&mut self) {
+        // Removed while still locked; the lock goes when the file closes, after this.
+        let _ = fs::remove_file(&self.path);
+    }
+}
