@@ -137,6 +137,15 @@ fn ids_read_from_files_never_steer_the_daemon_outside_its_root() {
     assert!(!o.status.success(), "status of a mismatched run: {}", describe(&o));
     let err = stderr_str(&o);
     assert!(err.contains("evil-running") && err.contains("a run is its directory"), "{err}");
+    let o = env.cli(&["doctor", "--json"]);
+    let checks: Value = serde_json::from_str(stdout_str(&o).trim()).unwrap_or(Value::Null);
+    let identity = checks["checks"].as_array().and_then(|a| a.iter().find(|c| c["check"] == "run identity")).cloned();
+    let detail = identity.as_ref().map(|c| c["detail"].to_string()).unwrap_or_default();
+    assert!(
+        identity.is_some_and(|c| c["level"] == "warn") && detail.contains("evil-queued"),
+        "doctor does not report the mismatched runs: {}",
+        describe(&o)
+    );
 }
 
 #[test]

@@ -55,6 +55,7 @@ fn check(name: &'static str, level: Level, detail: impl Into<String>) -> Check {
 
 pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::Result<i32> {
     let mut checks = root_checks(layout);
+    checks.push(identity_check(layout));
     let cfg = match Config::load(config) {
         Ok(c) => {
             checks.push(check("config", Level::Ok, "configuration is valid"));
@@ -104,6 +105,44 @@ fn root_checks(layout: &Layout) -> Vec<Check> {
 
 /// Whether a daemon runs and answers, how it watches, its storage and its
 /// queue; one warning when none runs.
+/// Run directories that are not their own (DESIGN principle 9): a status
+/// whose `runId` is not its directory's name (copied or edited) and entries
+/// of the runs root that are symbolic links. runspool leaves both alone; the
+/// user should know they are there.
+fn identity_check(layout: &Layout) -> Check {
+    use crate::store::{run, RunId};
+    let Ok(rd) = std::fs::read_dir(layout.runs()) else {
+        return check("run identity", Level::Ok, "no run directories yet");
+    };
+    let (mut bad, mut seen) = (Vec::new(), 0usize);
+    for e in rd.flatten() {
+        let Some(id) = e.file_name().to_str().and_then(RunId::parse) else { continue };
+        seen += 1;
+        let link = e.file_type().is_ok_and(|t| t.is_symlink());
+        match run::read_status(&layout.run_dir(&id)) {
+            _ if link => bad.push(format!("{id} (a symbolic link)")),
+            Err(err) if run::is_identity_mismatch(&err) => bad.push(format!("{id} (its status names another run)")),
+            _ => {}
+        }
+    }
+    if bad.is_empty() {
+        return check("run identity", Level::Ok, format!("{seen} run directories, each its own run"));
+    }
+    let n = bad.len();
+    bad.truncate(5);
+    check(
+        "run identity",
+        Level::Warn,
+        format!(
+            "{n} of {seen} entries under {} are not runs runspool will touch: {}{}; runspool leaves them alone \
+             (a run is its directory): move them out of the runs root, or restore their own status.json",
+            layout.runs().display(),
+            bad.join(", "),
+            if n > 5 { ", ..." } else { "" }
+        ),
+    )
+}
+
 fn daemon_checks(layout: &Layout, health: &Health) -> Vec<Check> {
     let Some(d) = health.running_report() else {
         return vec![check(
