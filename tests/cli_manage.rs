@@ -97,7 +97,7 @@ fn rm_removes_a_finished_run_its_result_and_markers() {
     assert!(!env.run_dir("rm-done").exists(), "the run directory is gone");
     assert!(!env.result_path("rm-done").exists(), "the result is gone");
     assert!(!marker_exists(&env, "default", "rm-done"), "the terminal marker is gone");
-    assert!(list_names(&env.runs()).iter().all(|n| !n.starts_with(".deleting-run-")), "no tombstone left");
+    assert!(list_names(&env.runs()).iter().all(|n| !n.starts_with(".runspool-deleting-")), "no tombstone left");
 }
 
 #[test]

@@ -293,3 +293,23 @@ fn daemon_json_shows_each_rescan() {
         wait_until(Duration::from_secs(30), "lastRescanAt advances", || at(&env) > before);
     }
 }
+
+/// pi-subagents 0.67's retention tombstones (`.deleting-run-*`, kept 24 h and
+/// possibly renamed back into a run) and its tombstone markers are pi's:
+/// runspool's start-up and retention sweeps never remove them (PROTOCOL §12).
+#[test]
+fn pi_retention_tombstones_are_left_alone() {
+    let mut env = TestEnv::with_config(FAST);
+    let tomb = env.runs().join(".deleting-run-0b9c5d1e");
+    mkdir_0700(&tomb);
+    write_file_mode(&tomb.join("status.json"), br#"{"runId":"kept-by-pi","state":"complete"}"#, 0o644);
+    let markers = env.root.join("async-retention-run-tombstones");
+    mkdir_0700(&markers);
+    write_file_mode(&markers.join("0b9c5d1e.json"), br#"{"version":1}"#, 0o644);
+    let before = snapshot(&[tomb.clone(), markers.clone()]);
+    env.start_daemon();
+    let (id, _) = env.submit(&request(Some("after-tombs"), &env.work, vec![cmd_step("a", &["true"])]));
+    env.wait_terminal(&id);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(snapshot(&[tomb, markers]), before, "a pi tombstone was touched");
+}

@@ -387,7 +387,7 @@ fn retention_removes_old_terminal_runs_but_keeps_paused() {
     assert!(env.result_path("recent").exists());
     // The run directory is renamed to a tombstone first, then removed: wait for the second half.
     wait_until(LONG, "tombstone dirs are removed", || {
-        !list_names(&env.runs()).iter().any(|n| n.starts_with(".deleting-run-"))
+        !list_names(&env.runs()).iter().any(|n| n.starts_with(".runspool-deleting-"))
     });
 }
 

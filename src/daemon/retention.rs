@@ -1,6 +1,9 @@
 //! Retention (PROTOCOL §12): terminal runs other than `paused` older than the
 //! limit are removed with their results; the run directory is first renamed
-//! to `.deleting-run-<uuid>` so a half-removed run never looks like a run.
+//! to `.runspool-deleting-<uuid>` so a half-removed run never looks like a run.
+//! (`.deleting-run-*` and `<root>/async-retention-run-tombstones/` are
+//! pi-subagents 0.67's own tombstones: it keeps them 24 h and may rename one
+//! back into a run, so runspool never touches them, PROTOCOL §12.)
 //!
 //! A terminal marker is a hint, never a path (§14): retention removes only a
 //! directory directly under the runs root, named by the run-id grammar, that
@@ -61,6 +64,9 @@ fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<(RunId, Status
     ok.then_some((id, s))
 }
 
+/// runspool's own tombstones (PROTOCOL §12); pi-subagents 0.67 uses `.deleting-run-`.
+pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
+
 /// Results and index entries first, then the marker, then the directory: a
 /// crash in between leaves a terminal run without its marker, which the next
 /// start publishes again and the next sweep removes.
@@ -71,7 +77,7 @@ pub(crate) fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
     );
     let _ = index::unmark_active(l, id, s.tool_call_id.as_deref());
     let _ = fsutil::remove_if_exists(marker);
-    let tomb = l.runs().join(format!(".deleting-run-{}", uuid::Uuid::new_v4()));
+    let tomb = l.runs().join(format!("{TOMBSTONE_PREFIX}{}", uuid::Uuid::new_v4()));
     if std::fs::rename(l.run_dir(id), &tomb).is_ok() {
         let _ = std::fs::remove_dir_all(&tomb);
     }
@@ -100,7 +106,7 @@ fn remove_leftovers(runs: &Path) {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|a| a.as_secs() >= 60)
         };
-        let ours = name.starts_with(".deleting-run-") || (staging.is_some() && (builder_gone() || old()));
+        let ours = name.starts_with(TOMBSTONE_PREFIX) || (staging.is_some() && (builder_gone() || old()));
         if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
