@@ -51,6 +51,12 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         Target::Rejected { name, error_file } => return super::pending::rejected_status(&name, &error_file),
     };
     if json {
+        // Byte for byte, but never another run's status under this one's name.
+        if let Err(e) = run::read_status(&layout.run_dir(&id)).and(Ok(())) {
+            if run::is_identity_mismatch(&e) {
+                return Err(e.into());
+            }
+        }
         let raw = fsutil::read_nofollow(&RunPaths::status(&layout.run_dir(&id)), 64 * 1024 * 1024)?;
         std::io::stdout().write_all(&raw)?;
         println!();
