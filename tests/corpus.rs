@@ -610,7 +610,8 @@ fn file_modes_are_private_even_with_umask_000() {
 }
 
 /// Steps get the documented environment: the service manager's variables
-/// (NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*, JOURNAL_STREAM) never leak into them.
+/// (NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*, JOURNAL_STREAM, INVOCATION_ID, ...)
+/// never leak into them; the daemon's other variables do.
 #[test]
 fn step_environment_is_scrubbed() {
     let mut env = TestEnv::new();
@@ -623,6 +624,14 @@ fn step_environment_is_scrubbed() {
         ("LISTEN_FDS", "3"),
         ("LISTEN_FDNAMES", "leak"),
         ("JOURNAL_STREAM", "8:12345"),
+        ("INVOCATION_ID", "0123456789abcdef0123456789abcdef"),
+        ("SYSTEMD_EXEC_PID", "1"),
+        ("MANAGERPID", "1"),
+        ("MEMORY_PRESSURE_WATCH", "/sys/fs/cgroup/leak/memory.pressure"),
+        ("MEMORY_PRESSURE_WRITE", "c29tZSAyMDAwMDAgMjAwMDAwMAA="),
+        ("CREDENTIALS_DIRECTORY", "/run/credentials/leak.service"),
+        ("FDSTORE", "16"),
+        ("TRIGGER_UNIT", "leak.timer"),
     ];
     for (k, v) in leaks {
         cmd.env(k, v);

@@ -177,3 +177,44 @@ fn pause_and_resume_on_the_poll_strategy() {
         env.state(&id).as_deref() == Some("complete")
     });
 }
+
+/// Issue 18: a client that writes a big queue.json in pieces (not atomically)
+/// does not get a warning for every piece the daemon happens to see; the
+/// finished file applies, and a file that stays invalid is warned about once.
+#[test]
+fn a_queue_file_written_in_pieces_is_not_warned_about_piece_by_piece() {
+    use std::io::Write;
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let dir = env.root.join("runspool");
+    mkdir_0700(&dir);
+    let path = dir.join("queue.json");
+    let reason = "r".repeat(40 * 1024);
+    let body = format!(r#"{{"version":1,"paused":true,"reason":"{reason}","updatedAt":{}}}"#, now_ms());
+    let mut f = std::fs::File::create(&path).unwrap();
+    for piece in body.as_bytes().chunks(body.len() / 100 + 1) {
+        f.write_all(piece).unwrap();
+        f.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(f);
+    wait_until(Duration::from_secs(30), "daemon.json reports the queue paused", || {
+        queue_report(&env)["paused"] == true
+    });
+    assert_eq!(queue_report(&env)["reason"].as_str().map(str::len), Some(reason.len()));
+    let warnings = |env: &TestEnv| {
+        std::fs::read_to_string(&env.log_path).unwrap().lines().filter(|l| l.contains("queue file ignored")).count()
+    };
+    assert!(warnings(&env) <= 1, "{} warnings for one file written in pieces:\n{}", warnings(&env), env.log_tail(40));
+    // A file that stays invalid: ignored (not paused), and said once.
+    let before = warnings(&env);
+    let tmp = dir.join(".queue.json.tmp");
+    std::fs::write(&tmp, b"{\"version\":1,\"paused\":tru").unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    wait_until(Duration::from_secs(30), "daemon.json reports the queue file's error", || {
+        queue_report(&env)["error"].as_str().is_some_and(|e| e.contains("queue.json"))
+    });
+    assert_eq!(queue_report(&env)["paused"], false);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(warnings(&env) - before, 1, "{}", env.log_tail(40));
+}

@@ -442,3 +442,53 @@ fn runner_obeys_stop_while_daemon_is_down() {
     env.start_daemon();
     env.check_consistency();
 }
+
+/// Issue 18: the daemon died between a repair's terminal status and its
+/// `subagent.run.repaired_stale` event. The next daemon writes the event,
+/// once: a restart after that adds none.
+#[test]
+fn repair_event_lost_with_the_daemon_is_written_once_at_the_next_start() {
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    let id = "victim-event";
+    let pidf = env.work.join("event-step.pid");
+    env.submit(&request(Some(id), &env.work, vec![sh_step("sleeper", &step_pid_script(&pidf, "exec sleep 60"))]));
+    env.wait_file(&pidf);
+    let runner = env.wait_state(id, "running")["pid"].as_i64().unwrap();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    assert_eq!(env.wait_terminal(id)["state"], "failed");
+    let repaired = |env: &TestEnv| env.event_types(id).iter().filter(|t| *t == "subagent.run.repaired_stale").count();
+    wait_until(LONG, "the repair event", || repaired(&env) == 1);
+    wait_until(LONG, "the repaired run published", || !env.active_dir().join(id).exists());
+    // The state a daemon killed right after the status write leaves: no event.
+    env.kill9();
+    let events = env.run_dir(id).join("events.jsonl");
+    let kept: String = fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("subagent.run.repaired_stale"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(&events, kept).unwrap();
+    assert_eq!(repaired(&env), 0);
+    // A run submitted after each start is done only after the start-up
+    // check of every run directory (the first loop turns).
+    let done_after_start = |env: &TestEnv, n: &str| {
+        let probe = format!("probe-{n}");
+        env.submit(&request(Some(&probe), &env.work, vec![cmd_step("t", &["true"])]));
+        assert_eq!(env.wait_terminal(&probe)["state"], "complete");
+    };
+    env.start_daemon();
+    done_after_start(&env, "1");
+    wait_until(LONG, "the lost repair event written again", || repaired(&env) >= 1);
+    let ev = env.events(id).into_iter().find(|e| e["type"] == "subagent.run.repaired_stale").unwrap();
+    assert_eq!(ev["pid"].as_i64(), Some(runner), "{ev}");
+    assert!(ev["message"].as_str().unwrap().starts_with(&format!("runner process {runner} exited")), "{ev}");
+    env.restart();
+    done_after_start(&env, "2");
+    assert_eq!(repaired(&env), 1, "{:?}", env.event_types(id));
+    assert_eq!(env.state(id).as_deref(), Some("failed"));
+    env.check_consistency();
+}

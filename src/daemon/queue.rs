@@ -14,6 +14,11 @@ use crate::store::{fsutil, Layout};
 
 /// Larger files are refused: the real thing is about a hundred bytes.
 const MAX_BYTES: u64 = 64 * 1024;
+/// A regular file that does not parse may be a client's write in progress
+/// (not atomic, or in pieces): left for later while its mtime is under this
+/// old *and* this version was first seen under this long ago (so a future
+/// mtime cannot keep it waiting), as the spool does (PROTOCOL §2.3 step 4).
+const WRITE_GRACE: std::time::Duration = std::time::Duration::from_millis(2000);
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -99,7 +104,9 @@ pub fn write(l: &Layout, q: &QueueFile) -> io::Result<()> {
 /// The daemon's view of the queue file: what applies now (pause, the
 /// `maxRunning` override) and what identifies the version it was read from.
 /// An invalid or hostile file (FIFO, symlink, garbage) is logged once per
-/// version with the path and the fix and ignored: no pause, no override.
+/// version (size and mtime) with the path and the fix and ignored: no
+/// pause, no override. A regular file that does not parse is first given
+/// `WRITE_GRACE` to be finished, keeping what applied before, unlogged.
 #[derive(Default)]
 pub struct Control {
     identity: Option<(u64, u64, u64, i64, i64, i64, i64)>,
@@ -108,6 +115,10 @@ pub struct Control {
     error: Option<String>,
     /// When this daemon saw the pause, for a file without `pausedAt`.
     seen_paused_at: Option<i64>,
+    /// The invalid version (size, mtime) in its write grace, and since when.
+    unfinished: Option<((u64, i64, i64), std::time::Instant)>,
+    /// The invalid version (size, mtime) last warned about.
+    warned: Option<(u64, i64, i64)>,
 }
 
 impl Control {
@@ -139,6 +150,29 @@ impl Control {
         }
     }
 
+    /// When an unfinished file's write grace ends: look at it again then.
+    pub fn next_wake(&self) -> Option<std::time::Instant> {
+        self.unfinished.map(|(_, since)| since + WRITE_GRACE)
+    }
+
+    /// Is this invalid version still in its write grace? A regular file
+    /// whose mtime and first sighting are both under `WRITE_GRACE` old.
+    fn in_write_grace(&mut self, path: &Path) -> bool {
+        let Ok(md) = std::fs::symlink_metadata(path) else { return false };
+        if !md.is_file() {
+            return false; // a FIFO, symlink or directory is no write in progress
+        }
+        let version = (md.size(), md.mtime(), md.mtime_nsec());
+        let now = std::time::Instant::now();
+        let since = match self.unfinished {
+            Some((v, t)) if v == version => t,
+            _ => now,
+        };
+        self.unfinished = Some((version, since));
+        let age_ms = crate::now_ms() - (md.mtime() * 1000 + md.mtime_nsec() / 1_000_000);
+        age_ms < WRITE_GRACE.as_millis() as i64 && now.duration_since(since) < WRITE_GRACE
+    }
+
     /// Re-read the file when it changed (one lstat when it did not). True
     /// when the queue was resumed: what waits in the spool is claimed now.
     pub fn check(&mut self, l: &Layout, configured: usize) -> bool {
@@ -152,9 +186,21 @@ impl Control {
         }
         let (was_paused, was_max) = (self.paused(), self.max_running(configured));
         let (file, error) = match read_file(&path) {
-            Ok(f) => (f, None),
+            Ok(f) => {
+                (self.unfinished, self.warned) = (None, None);
+                (f, None)
+            }
+            Err(ReadError::Invalid(_)) if self.in_write_grace(&path) => {
+                // Keep what applies; the identity stays unrecorded, so it is read again.
+                return false;
+            }
             Err(ReadError::Invalid(e)) => {
-                tracing::warn!(queue = %path.display(), "queue file ignored (not paused, config max_running): {e}");
+                self.unfinished = None;
+                let version = identity.map(|i| (i.2, i.3, i.4));
+                if self.warned != version || version.is_none() {
+                    tracing::warn!(queue = %path.display(), "queue file ignored (not paused, config max_running): {e}");
+                    self.warned = version;
+                }
                 (None, Some(e))
             }
             Err(ReadError::Io(e)) => {

@@ -122,7 +122,7 @@ impl Scheduler {
 
     pub fn next_wake(&self) -> Option<Instant> {
         let retry = self.retry_at.filter(|_| !self.queued.is_empty());
-        [retry, self.next_inbox_poll].into_iter().flatten().min()
+        [retry, self.next_inbox_poll, self.ctl.next_wake()].into_iter().flatten().min()
     }
 
     fn poll_inbox(&mut self, run_id: &RunId) {

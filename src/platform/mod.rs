@@ -219,9 +219,31 @@ pub fn inode_numbers_stable(path: &Path) -> bool {
 }
 
 /// Variables that belong to the service manager and must not leak into
-/// runners, steps, hooks or providers.
-pub const SCRUBBED_ENV: &[&str] =
-    &["NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "JOURNAL_STREAM"];
+/// runners, steps, hooks or providers: what systemd.exec(5) sets for the
+/// daemon's own service (its invocation, its manager, its notification and
+/// watchdog, passed sockets and stored descriptors, memory-pressure
+/// watch, credentials, the unit that triggered it) describes the daemon's
+/// unit, not a step's; a step reading them would act on runspool's unit.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "NOTIFY_SOCKET",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "JOURNAL_STREAM",
+    "INVOCATION_ID",
+    "SYSTEMD_EXEC_PID",
+    "MANAGERPID",
+    "MEMORY_PRESSURE_WATCH",
+    "MEMORY_PRESSURE_WRITE",
+    "CREDENTIALS_DIRECTORY",
+    "FDSTORE",
+    "TRIGGER_UNIT",
+    "TRIGGER_PATH",
+    "TRIGGER_TIMER_REALTIME_USEC",
+    "TRIGGER_TIMER_MONOTONIC_USEC",
+];
 
 /// Inotify limits and this user's current use (instances and watches),
 /// counted from /proc like `inotify-info` does.

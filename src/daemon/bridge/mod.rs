@@ -36,6 +36,14 @@ const WRITE_GRACE_MS: i64 = 2000;
 const FULL_SWEEP: Duration = Duration::from_secs(1);
 /// After a failed lookup for a dead servicer's start, wait this long before asking again.
 const RECOVERY_RETRY: Duration = Duration::from_secs(5);
+/// Bytes of request files read per loop turn, over all runs (each file
+/// counts at least `READ_MIN_CHARGE`): a flood of 4 MiB requests is read a
+/// slice per turn, and the loop's other work runs between the slices.
+const READ_BUDGET: u64 = 8 * 1024 * 1024;
+const READ_MIN_CHARGE: u64 = 4096;
+/// Requests left alone remembered at most (`LeftAlone`); beyond that, new
+/// ones are read again at each sweep, within the read budget.
+const MAX_LEFT_ALONE: usize = 65_536;
 
 /// Who we are, as written into `owner.json`.
 #[derive(Clone)]
@@ -64,6 +72,36 @@ pub struct Bridge {
     /// A non-regular entry carries its (device, inode), to be `refused` if
     /// it is still in place once the writer is done.
     deferred: HashMap<(String, String), Option<(u64, u64)>>,
+    /// Requests of runs we did not launch, for providers we lack (§8.2:
+    /// left alone), by run and request id, with the file's identity when
+    /// it was read: not read, parsed and hashed again while it stays the same.
+    left_alone: HashMap<String, HashMap<String, FileId>>,
+    left_alone_len: usize,
+    /// What is left of this turn's `READ_BUDGET`.
+    budget: u64,
+}
+
+/// A request file's identity from its `lstat` before the read: a file
+/// replaced (rename) or written again (size, times) no longer matches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileId {
+    fn of(md: &std::fs::Metadata) -> FileId {
+        FileId {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+            ctime_ns: md.ctime() as i128 * 1_000_000_000 + md.ctime_nsec() as i128,
+        }
+    }
 }
 
 impl Bridge {
@@ -92,6 +130,9 @@ impl Bridge {
             launched: HashMap::new(),
             refused: HashSet::new(),
             deferred: HashMap::new(),
+            left_alone: HashMap::new(),
+            left_alone_len: 0,
+            budget: READ_BUDGET,
         }
     }
 
@@ -99,6 +140,9 @@ impl Bridge {
     pub fn set_providers(&mut self, cfg: &Config) {
         self.providers = providers::build_all(cfg);
         self.next_full = Instant::now();
+        // A provider added now may serve what was left alone.
+        self.left_alone.clear();
+        self.left_alone_len = 0;
     }
 
     /// The configured provider `name` with its time limit.
@@ -159,9 +203,13 @@ impl Bridge {
             self.settle_deferred(layout);
         }
         self.deferred.retain(|(r, _), _| running.contains(r.as_str()));
+        self.left_alone.retain(|r, _| running.contains(r.as_str()));
+        self.left_alone_len = self.left_alone.values().map(HashMap::len).sum();
+        self.budget = READ_BUDGET;
         for run_id in std::mem::take(&mut self.dirty) {
             let Some(id) = RunId::parse(&run_id).filter(|_| running.contains(run_id.as_str())) else { continue };
-            if self.sweep(w, layout, &id, watch) {
+            // This turn's reading is done: the rest waits for the next turn, at once.
+            if self.budget == 0 || self.sweep(w, layout, &id, watch) {
                 self.dirty.insert(run_id);
             }
         }
@@ -230,14 +278,16 @@ impl Bridge {
         for t in tmps {
             self.clean_tmp_claim(&t);
         }
-        for Waiting { id, parsed, mtime, .. } in self.waiting(run_id, &dir, requests) {
+        let (todo, unread) = self.waiting(run_id, &dir, requests);
+        left += unread;
+        for Waiting { id, parsed, mtime, file, .. } in todo {
             if taken >= PER_SWEEP || self.inflight.len() >= MAX_INFLIGHT {
                 capped |= self.inflight.len() >= MAX_INFLIGHT;
                 left += 1;
                 continue;
             }
             taken += 1;
-            self.take_request(w, run_id, &dir, &id, parsed, mtime);
+            self.take_request(w, run_id, &dir, &id, parsed, (mtime, file));
         }
         if taken > 0 || left > 0 {
             tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
@@ -246,11 +296,15 @@ impl Bridge {
         left > 0 && !capped
     }
 
-    /// Read every waiting request not in flight, in the order they are
-    /// taken: starts first, then oldest first, so a flood of status polls
-    /// never starves a start.
-    fn waiting(&self, run_id: &str, dir: &Path, requests: Vec<String>) -> Vec<Waiting> {
-        let mut todo: Vec<Waiting> = Vec::new();
+    /// Read the waiting requests not in flight, oldest file first, within
+    /// what is left of the turn's read budget; return them in the order
+    /// they are taken (starts first, then oldest first, so a flood of
+    /// status polls never starves a start), and how many were left unread.
+    /// A request left alone before and unchanged since is not read again.
+    fn waiting(&mut self, run_id: &str, dir: &Path, requests: Vec<String>) -> (Vec<Waiting>, usize) {
+        let known = self.left_alone.remove(run_id).unwrap_or_default();
+        let mut alone = HashMap::new();
+        let mut found = Vec::new();
         for id in requests {
             let key = (run_id.to_string(), id.clone());
             if self.inflight.contains(&key) || self.deferred.contains_key(&key) {
@@ -261,7 +315,32 @@ impl Bridge {
             if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
                 continue;
             }
-            let mtime = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
+            let file = FileId::of(&md);
+            if known.get(&id) == Some(&file) {
+                alone.insert(id, file);
+                continue;
+            }
+            found.push((md.mtime() * 1000 + md.mtime_nsec() / 1_000_000, id, md));
+        }
+        // Entries whose file is gone or changed are forgotten.
+        self.left_alone_len -= known.len() - alone.len();
+        if !alone.is_empty() {
+            self.left_alone.insert(run_id.to_string(), alone);
+        }
+        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let mut todo: Vec<Waiting> = Vec::new();
+        let mut unread = 0;
+        for (mtime, id, md) in found {
+            if self.budget == 0 {
+                unread += 1;
+                continue;
+            }
+            let file = FileId::of(&md);
+            let path = RunPaths::bridge_request(dir, &id);
+            if md.is_file() {
+                let charge = md.len().clamp(READ_MIN_CHARGE, MAX_REQUEST_BYTES + 1);
+                self.budget = self.budget.saturating_sub(charge);
+            }
             let parsed = if !md.is_file() {
                 Err(format!("{} is not a regular file; write requests as regular files", path.display()))
             } else {
@@ -275,10 +354,21 @@ impl Bridge {
             };
             let is_start = matches!(&parsed, Ok(r) if r.operation.is_dispatch());
             let created = parsed.as_ref().map(|r| r.created_at).unwrap_or(mtime);
-            todo.push(Waiting { later: !is_start, created, id, parsed, mtime });
+            todo.push(Waiting { later: !is_start, created, id, parsed, mtime, file });
         }
         todo.sort_by(|a, b| (a.later, a.created, &a.id).cmp(&(b.later, b.created, &b.id)));
-        todo
+        (todo, unread)
+    }
+
+    /// Remember a request left alone, unchanged since `file` (bounded).
+    fn leave_alone(&mut self, run_id: &str, id: &str, file: FileId) {
+        if self.left_alone_len >= MAX_LEFT_ALONE {
+            return;
+        }
+        let prev = self.left_alone.entry(run_id.to_string()).or_default().insert(id.to_string(), file);
+        if prev.is_none() {
+            self.left_alone_len += 1;
+        }
     }
 
     fn take_request(
@@ -288,7 +378,7 @@ impl Bridge {
         dir: &Path,
         id: &str,
         parsed: Result<Request, String>,
-        mtime: i64,
+        (mtime, file): (i64, FileId),
     ) {
         let path = RunPaths::bridge_request(dir, id);
         let req = match parsed {
@@ -320,8 +410,11 @@ impl Bridge {
                 );
                 let a = Answer { run_id, dir, id, op: req.operation.as_str(), provider: &req.provider };
                 self.answer_and_remove(w, a, Err(f));
+            } else {
+                // Another host may own the run: its requests are left alone,
+                // and not read again while they stay the same.
+                self.leave_alone(run_id, id, file);
             }
-            // Otherwise another host may own the run: its requests are left alone.
             return;
         };
         match req.operation {
@@ -494,6 +587,7 @@ struct Waiting {
     id: String,
     parsed: Result<Request, String>,
     mtime: i64,
+    file: FileId,
 }
 
 mod claims;
