@@ -2,7 +2,7 @@
 //! hostile: a symlinked `control/` or `control/stop-requests/` is never
 //! followed (the files it points at are neither read nor removed), a legacy
 //! control file that is not a regular file is no request to either the
-//! runner or the daemon.
+//! runner or the daemon, and `runspool stop` racing the claim is never lost.
 
 mod common;
 
@@ -185,5 +185,76 @@ fn a_legacy_control_file_that_is_not_a_regular_file_is_no_request_to_either_side
     assert_eq!(env.wait_terminal("odd-running")["state"], "complete");
     assert_eq!(env.wait_terminal("odd-queued")["state"], "complete");
     assert!(marker.exists());
+    env.check_consistency();
+}
+
+fn queue_paused(env: &TestEnv) -> bool {
+    read_json(&env.daemon_json()).is_some_and(|d| d["queue"]["paused"] == true)
+}
+
+/// `runspool stop` issued at any moment (request in the spool, mid-claim,
+/// queued, running), by run id or by the request's spool file name: every
+/// request is either withdrawn (never runs, code `withdrawn`) or its run
+/// ends `stopped`, and every stop command succeeds.
+#[test]
+fn a_stop_racing_the_claim_is_never_lost() {
+    let mut env = TestEnv::with_config("max_running = 4\n[watch]\nrescan_interval_s = 2\n");
+    env.start_daemon();
+    let mut rng = Rng::new(0x5eed_18);
+    let (batches, per_batch) = (8, 8);
+    let mut ids = Vec::new();
+    for b in 0..batches {
+        // Every other batch waits in a paused queue, and the resume races the stops.
+        let paused = b % 2 == 1;
+        if paused {
+            let o = env.cli(&["pause"]);
+            assert!(o.status.success(), "{}", describe(&o));
+            wait_until(LONG, "the queue paused", || queue_paused(&env));
+        }
+        let batch: Vec<(String, u64)> = (0..per_batch)
+            .map(|i| {
+                let id = format!("race-{b}-{i}");
+                env.submit(&request(Some(&id), &env.work, vec![cmd_step("s", &["sleep", "30"])]));
+                (id, rng.below(40))
+            })
+            .collect();
+        let resume_after = rng.below(40);
+        std::thread::scope(|s| {
+            if paused {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(resume_after));
+                    let o = env.cli(&["resume"]);
+                    assert!(o.status.success(), "{}", describe(&o));
+                });
+            }
+            for (i, (id, delay)) in batch.iter().enumerate() {
+                let env = &env;
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(*delay));
+                    // By run id, or by the request's file name in the spool.
+                    let arg = if i % 2 == 0 { id.clone() } else { format!("{id}.json") };
+                    let o = env.cli(&["stop", &arg]);
+                    assert!(o.status.success(), "`runspool stop {arg}` failed: {}", describe(&o));
+                });
+            }
+        });
+        ids.extend(batch.into_iter().map(|(id, _)| id));
+    }
+    let (mut stopped, mut withdrawn) = (0, 0);
+    for id in &ids {
+        let st = env.wait_terminal_for(id, LONG);
+        match st["state"].as_str() {
+            Some("stopped") => stopped += 1,
+            Some("rejected") => {
+                let e = read_json(&env.rejected().join(format!("{id}.error.json"))).unwrap_or_default();
+                assert_eq!(e["code"], "withdrawn", "{id}: {st} {e}");
+                assert!(!env.run_dir(id).join("request.json").exists(), "{id} was withdrawn and claimed");
+                withdrawn += 1;
+            }
+            _ => panic!("{id} was not stopped: {st}"),
+        }
+    }
+    report(&format!("stop racing the claim: {stopped} stopped, {withdrawn} withdrawn of {}", ids.len()));
+    assert!(env.active_markers().is_empty(), "{:?}", env.active_markers());
     env.check_consistency();
 }
