@@ -249,7 +249,7 @@ fn stop_queued(env: &mut Env, run_id: &str, msg: &str) -> std::io::Result<bool> 
 /// for the runner. Invalid requests are removed, as the runner would.
 fn take_run_level_stop(run_dir: &Path, control: &DirFd) -> Option<StopRequest> {
     let steps = run::read_status(run_dir).ok().flatten().map(|s| s.steps.len()).unwrap_or(0);
-    let run_level = |r: &StopRequest| !r.target_index.is_some_and(|t| (t as usize) < steps);
+    let run_level = |r: &StopRequest| r.target_index.is_none_or(|t| (t as usize) >= steps);
     inbox::take_stop_requests(control, run_level, 1).pop()
 }
 
