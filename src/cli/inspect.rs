@@ -350,17 +350,25 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
             )
         }
     };
-    let s = load(layout, &id)?;
-    if !run::ownership(&layout.run_dir(&id), Some(&s)).is_ours() {
-        bail!(
-            "run {id} was launched by another host (pi-subagents), not by runspool; runspool never writes into it. \
-             Stop it from the host that launched it"
-        );
-    }
-    if !s.state.is_active() {
-        bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
-    }
     let dir = layout.run_dir(&id);
+    match run::read_status(&dir)? {
+        Some(s) => {
+            if !run::ownership(&dir, Some(&s)).is_ours() {
+                bail!(
+                    "run {id} was launched by another host (pi-subagents), not by runspool; runspool never writes \
+                     into it. Stop it from the host that launched it"
+                );
+            }
+            if !s.state.is_active() {
+                bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
+            }
+        }
+        // Being claimed: the request is in its run, status.json follows. The
+        // request goes into the inbox all the same: the daemon reads it while
+        // the run is queued, the runner at its start, so it is never lost.
+        None if run::claimed(&dir) => {}
+        None => load(layout, &id).map(|_| ())?,
+    }
     let kind = if interrupt { "interrupt" } else { "stop" };
     let ts = crate::now_ms();
     let mut body = json!({"type": kind, "ts": ts, "source": "runspool-cli"});
@@ -369,18 +377,16 @@ pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool)
     }
     // A stop in pi-subagents 0.67's form (control/stop-requests/<ts>-<uuid>.json),
     // which 0.67 runners and runspool's both consume; an interrupt in the one
-    // form both know, control/interrupt.json.
-    let path = if interrupt {
-        let control = RunPaths::control(&dir);
-        super::args::ensure_dir(&control)?;
-        control.join(crate::store::layout::CONTROL_INTERRUPT)
+    // form both know, control/interrupt.json. Written by descriptor, never
+    // through a symlinked control/ or stop-requests/.
+    let (sub, name) = if interrupt {
+        (None, crate::store::layout::CONTROL_INTERRUPT.to_string())
     } else {
-        let inbox = RunPaths::stop_requests(&dir);
-        super::args::ensure_dir(&inbox)?;
-        inbox.join(crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string()))
+        let name = crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string());
+        (Some(crate::store::layout::STOP_REQUESTS_DIR), name)
     };
-    fsutil::write_atomic(&path, &serde_json::to_vec(&body)?, false)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    let path = crate::store::inbox::write(&dir, sub, &name, &serde_json::to_vec(&body)?)
+        .with_context(|| format!("cannot write a {kind} request into {}", RunPaths::control(&dir).display()))?;
     eprintln!("runspool: asked {id} to {kind} ({})", path.display());
     Ok(0)
 }

@@ -78,7 +78,13 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
             spool::Withdrawal::Busy => std::thread::sleep(Duration::from_millis(20)),
         }
     }
-    // The daemon settled it first: stop the run it made.
+    // The daemon settled it first: stop the run it made. Mid-claim (its
+    // request is in the run, status.json not yet), the stop goes into the
+    // run's inbox at once: `inspect::stop` writes it there.
+    if crate::store::run::claimed(&layout.run_dir(&p.run_id)) {
+        eprintln!("runspool: the daemon claimed {} first; stopping its run", p.run_id);
+        return Ok(Some(p.run_id.clone()));
+    }
     if await_claim(layout, p, Some(std::time::Instant::now() + Duration::from_secs(30)))? {
         eprintln!("runspool: the daemon claimed {} first; stopping its run", p.run_id);
         return Ok(Some(p.run_id.clone()));

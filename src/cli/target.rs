@@ -108,7 +108,24 @@ fn exact(layout: &Layout, arg: &str) -> Option<Target> {
     if std::fs::symlink_metadata(&error_file).is_ok_and(|m| m.is_file()) {
         return Some(Target::Rejected { name: format!("{stem}.json"), error_file });
     }
+    // The file name `<runId>.json` of a request claimed since it was
+    // published (`runspool submit` names requests so): its run, when that
+    // run's request names itself `stem`.
+    if let Some(id) = RunId::parse(stem).filter(|id| stem != arg && claimed_from(layout, id)) {
+        return Some(Target::Run(id));
+    }
     None
+}
+
+/// Does run `id` hold a request of runspool's whose `runId` is `id`?
+fn claimed_from(layout: &Layout, id: &RunId) -> bool {
+    if !is_id(id, 128) {
+        return false;
+    }
+    let request = RunPaths::request(&layout.run_dir(id));
+    let body =
+        fsutil::read_nofollow(&request, MAX_REQUEST_BYTES).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    body.as_ref().and_then(|b| b.get("runId")).and_then(Value::as_str) == Some(id.as_str())
 }
 
 /// Resolve a run argument: a full run id (of any length), a pending request's

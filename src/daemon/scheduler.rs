@@ -14,10 +14,11 @@ use super::part::{Effect, Env};
 use super::queue;
 use super::supervisor::take_runner_lock;
 use super::watch::Watch;
-use crate::protocol::control::{describe, parse_stop_request, StopRequest, MAX_STOP_REQUEST_BYTES};
+use crate::protocol::control::{describe, StopRequest};
 use crate::protocol::status::{OpenSteps, State, Status, StepState};
+use crate::store::dirfd::DirFd;
 use crate::store::layout::{RunPaths, CONTROL_INTERRUPT, CONTROL_STOP, CONTROL_TIMEOUT};
-use crate::store::{fsutil, results, run, RunId};
+use crate::store::{inbox, results, run, RunId};
 
 /// The first and the longest delay before retrying a runner start that
 /// failed for a transient reason (EAGAIN, ENOMEM, ...).
@@ -150,16 +151,17 @@ impl Scheduler {
                 continue;
             }
             let dir = env.layout.run_dir(&id);
-            let control = RunPaths::control(&dir);
             if now >= since + INBOX_WATCH_AFTER {
-                // Clients create control/ too (PROTOCOL §3); a queued run needs it to be watched.
-                let _ = fsutil::mkdir_private(&control);
-                let _ = fsutil::mkdir_private(&RunPaths::stop_requests(&dir));
-                env.watch.watch_control(&id);
+                // Clients create control/ too (PROTOCOL §3); a queued run needs it to be
+                // watched. A symlinked one is never watched (nor followed): the rescan
+                // still looks at it, and finds no inbox.
+                if inbox::prepare(&dir) {
+                    env.watch.watch_control(&id);
+                }
                 self.control(env, &id, out); // what landed before the watch
                 continue;
             }
-            if control.exists() {
+            if std::fs::symlink_metadata(RunPaths::control(&dir)).is_ok() {
                 self.control(env, &id, out);
             }
             if self.queued.contains(&id) {
@@ -186,9 +188,13 @@ impl Scheduler {
             return;
         }
         let dir = env.layout.run_dir(run_id);
-        let control = RunPaths::control(&dir);
-        let legacy = [CONTROL_STOP, CONTROL_TIMEOUT, CONTROL_INTERRUPT].into_iter().find(|f| control.join(f).exists());
-        if legacy.is_none() && !stop_request_waiting(&dir) {
+        // Opened without following, like the runner does: a symlinked control/
+        // or stop-requests/ is no inbox, and only a regular legacy file is a request.
+        let Some(control) = inbox::open(&dir) else { return };
+        let legacy = [CONTROL_STOP, CONTROL_TIMEOUT, CONTROL_INTERRUPT]
+            .into_iter()
+            .find(|f| inbox::legacy(&control, f).is_some());
+        if legacy.is_none() && !inbox::stop_request_waiting(&control) {
             return;
         }
         let Ok(Some(_lock)) = take_runner_lock(&dir) else { return };
@@ -196,7 +202,7 @@ impl Scheduler {
         // runner's to honour (that step is skipped); any other stops the run.
         let msg = match legacy {
             Some(file) => format!("stopped before it started ({file} in the control inbox)"),
-            None => match take_run_level_stop(&dir) {
+            None => match take_run_level_stop(&dir, &control) {
                 Some(r) => format!("{} before it started", describe(&r, "a stop request")),
                 None => return,
             },
@@ -204,7 +210,7 @@ impl Scheduler {
         match stop_queued(env, run_id, &msg) {
             Ok(true) => {
                 if let Some(file) = legacy {
-                    let _ = std::fs::remove_file(control.join(file));
+                    inbox::remove_legacy(&control, file);
                 }
                 tracing::info!(run_id = %run_id, "stopped a queued run");
                 out.push(Effect::Ended(run_id.clone()));
@@ -238,40 +244,13 @@ fn stop_queued(env: &mut Env, run_id: &RunId, msg: &str) -> std::io::Result<bool
     Ok(true)
 }
 
-/// A 0.67 stop request waits in a queued run's `control/stop-requests/`.
-fn stop_request_waiting(run_dir: &Path) -> bool {
-    std::fs::read_dir(RunPaths::stop_requests(run_dir))
-        .is_ok_and(|mut rd| rd.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
-}
-
 /// For a queued run: take the first stop request (in `ts` order) that stops
 /// the whole run, i.e. names no step of it; requests that name a step stay
 /// for the runner. Invalid requests are removed, as the runner would.
-fn take_run_level_stop(run_dir: &Path) -> Option<StopRequest> {
+fn take_run_level_stop(run_dir: &Path, control: &DirFd) -> Option<StopRequest> {
     let steps = run::read_status(run_dir).ok().flatten().map(|s| s.steps.len()).unwrap_or(0);
-    let dir = RunPaths::stop_requests(run_dir);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
-        .collect();
-    names.sort();
-    for n in names {
-        let p = dir.join(&n);
-        match fsutil::read_nofollow(&p, MAX_STOP_REQUEST_BYTES).ok().and_then(|b| parse_stop_request(&b)) {
-            Some(r) if r.target_index.is_some_and(|t| (t as usize) < steps) => continue,
-            Some(r) => {
-                if std::fs::remove_file(&p).is_ok() {
-                    return Some(r);
-                }
-            }
-            None => {
-                let _ = std::fs::remove_file(&p);
-            }
-        }
-    }
-    None
+    let run_level = |r: &StopRequest| r.target_index.is_none_or(|t| (t as usize) >= steps);
+    inbox::take_stop_requests(control, run_level, 1).pop()
 }
 
 #[cfg(test)]

@@ -6,14 +6,18 @@ use serde_json::json;
 use super::{Msg, Runner};
 use crate::protocol::outcome::Halt;
 use crate::protocol::status::StepState;
-use crate::store::fsutil;
+use crate::store::inbox;
 use crate::store::layout::{self, RunPaths};
 
 impl Runner {
     pub(super) fn watch_control(&mut self) {
         use notify::Watcher;
         let control = RunPaths::control(&self.dir);
-        let _ = fsutil::mkdir_private(&control);
+        // A symlinked inbox is never watched: a recursive watch would walk
+        // the directory it points at (`prepare` logs it once).
+        if !inbox::prepare(&self.dir) {
+            return;
+        }
         let post = self.post.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             // Our own reads of control/ are no news (`platform::is_change`).
@@ -35,17 +39,19 @@ impl Runner {
     /// Consume control files: pi-subagents 0.67's stop requests in `ts`
     /// order, then the legacy `stop.json`, `timeout.json`, `interrupt.json`.
     pub(super) fn check_control(&mut self) {
-        for r in crate::store::run::take_stop_requests(&self.dir) {
+        // Opened without following: a symlinked control/ or stop-requests/
+        // is no inbox (logged once), and nothing it points at is read or removed.
+        let Some(control) = inbox::open(&self.dir) else { return };
+        for r in inbox::take_stop_requests(&control, |_| true, usize::MAX) {
             self.on_stop_request(r);
         }
-        let control = RunPaths::control(&self.dir);
         for (name, kind) in [
             (layout::CONTROL_STOP, Halt::Stop),
             (layout::CONTROL_TIMEOUT, Halt::Timeout),
             (layout::CONTROL_INTERRUPT, Halt::Interrupt),
         ] {
-            let p = control.join(name);
-            let Ok(bytes) = fsutil::read_nofollow(&p, 64 * 1024) else { continue };
+            // Only a regular file is a request (any body); anything else there is removed unopened.
+            let Some(bytes) = inbox::legacy(&control, name) else { continue };
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(json!({}));
             let reason = body.get("reason").and_then(|v| v.as_str()).map(str::to_string);
             let source = body.get("source").and_then(|v| v.as_str()).unwrap_or("control inbox").to_string();
@@ -59,7 +65,7 @@ impl Runner {
                 None => msg,
             };
             self.request_halt(kind, msg);
-            let _ = std::fs::remove_file(&p);
+            inbox::remove_legacy(&control, name);
         }
     }
 

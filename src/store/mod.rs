@@ -1,9 +1,13 @@
 //! The filesystem layer: every path (`layout`), atomic writes and locks
 //! (`fsutil`), the capacity-resilient writer (`writer`), status/events
 //! (`run`), the indexes (`index`), result files (`results`) and the
-//! ownership/mode checks of the directories it writes into (`safety`).
+//! ownership/mode checks of the directories it writes into (`safety`),
+//! directories under a run by descriptor (`dirfd`) and the control inbox
+//! built on them (`inbox`).
 
+pub mod dirfd;
 pub mod fsutil;
+pub mod inbox;
 pub mod index;
 pub mod layout;
 pub mod results;

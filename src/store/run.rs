@@ -146,37 +146,6 @@ pub fn update_status(
     Ok(Some(new))
 }
 
-/// Take the waiting stop requests of a run (PROTOCOL §9, pi-subagents 0.67's
-/// form) in `ts` order: each file is read, removed, and acted on only once
-/// its removal succeeded, so a request fires at most once. Files that are not
-/// valid requests are removed and skipped.
-pub fn take_stop_requests(run_dir: &Path) -> Vec<crate::protocol::control::StopRequest> {
-    use crate::protocol::control::{parse_stop_request, MAX_STOP_REQUEST_BYTES};
-    let dir = RunPaths::stop_requests(run_dir);
-    let Ok(rd) = std::fs::read_dir(&dir) else { return vec![] };
-    let mut names: Vec<String> = rd
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| !n.starts_with('.') && n.ends_with(".json"))
-        .collect();
-    names.sort();
-    let mut out = Vec::new();
-    for n in names {
-        let p = dir.join(&n);
-        let parsed = fsutil::read_nofollow(&p, MAX_STOP_REQUEST_BYTES).ok().and_then(|b| parse_stop_request(&b));
-        let removed = match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-            Ok(_) => std::fs::remove_file(&p),
-            Err(e) => Err(e),
-        };
-        if removed.is_ok() {
-            out.extend(parsed.map(|r| (r.ts.unwrap_or(0), n, r)));
-        }
-    }
-    out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    out.into_iter().map(|(_, _, r)| r).collect()
-}
-
 /// Append one event (`type`, `ts`, `runId` plus `fields`). Events are
 /// diagnostics: on a full disk they are dropped and counted, never retried.
 pub fn event(w: &mut Writer, run_dir: &Path, run_id: &str, kind: &str, fields: Value) {
