@@ -171,6 +171,13 @@ impl Recovery {
                 self.remember_unfinished(id.clone());
                 return;
             }
+            // The queued status (and a runner's updates) are written without
+            // fsync: a power loss may leave status.json empty or zero-filled.
+            // Such a claim is finished again, as if that write had been lost.
+            Err(_) if claimed && spool::status_is_torn(&dir) => {
+                self.finish_half_claim(env, id, out);
+                return;
+            }
             Err(e) => {
                 if run::is_identity_mismatch(&e) {
                     // A copied or crafted run directory: reported, never acted on.

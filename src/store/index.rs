@@ -40,7 +40,15 @@ pub fn mark_active_if_active(l: &Layout, run_id: &RunId) -> io::Result<bool> {
     let dir = l.run_dir(run_id);
     let _lock = fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false)?;
     match read_status(&dir)? {
-        Some(s) if s.state.is_active() => mark_active(l, run_id, &s).map(|()| true),
+        Some(s) if s.state.is_active() => {
+            // Barrier (§6.1: an index only follows a durable status): the
+            // queued status is written without fsync to keep the claim fast, so
+            // it is made durable here, file and directory, before its marker.
+            // Off the drop-to-runner path: this runs once the runner is started.
+            fsutil::open_read(&super::layout::RunPaths::status(&dir))?.sync_all()?;
+            fsutil::fsync_dir(&dir)?;
+            mark_active(l, run_id, &s).map(|()| true)
+        }
         _ => Ok(false),
     }
 }

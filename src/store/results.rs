@@ -79,6 +79,11 @@ pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     });
     fsutil::write_atomic(&index_dir.join(&name), &serde_json::to_vec(&idx).map_err(io::Error::other)?, false)?;
     std::fs::rename(&pending, &public)?;
+    // Barrier: the public name is durable before the terminal marker that
+    // follows, whose presence tells a restart the result is out (a marker
+    // that reached the disk without the rename would strand the result in
+    // result-pending/ for good). The pending file itself was fsynced above.
+    fsutil::fsync_dir(&l.results())?;
     Ok(())
 }
 

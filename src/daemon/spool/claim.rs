@@ -126,6 +126,23 @@ impl Claimer<'_> {
             }
             e
         };
+        // Barrier: the run directory's entry in the runs root is durable before
+        // the request moves into it. Without it a power loss could keep the
+        // commit (the spool entry gone, fsynced below) and lose the directory
+        // holding request.json: the request would be lost. One directory fsync
+        // per claim; on a retried claim (`created` false) the directory may
+        // still be only in the page cache of the crashed daemon's kernel, so it
+        // is synced then too. With no descriptor free to open the directory
+        // (EMFILE, ENFILE) the claim goes on without the barrier, as it did
+        // before it existed: only a power loss during that shortage is exposed,
+        // and the post-commit work keeps its own capacity handling.
+        match fsync_dir(&self.layout.runs()) {
+            Err(e) if !is_capacity(&e) => {
+                undo(e);
+                return Outcome::Later;
+            }
+            _ => {}
+        }
         // Perf: nothing else is created before the commit. On ext4 a file
         // creation costs 0.02 to 0.8 ms depending on the directory's block group,
         // so the files a run needs are created by whoever needs them first, off
@@ -152,6 +169,11 @@ impl Claimer<'_> {
             return Outcome::Later;
         }
         drop(lock);
+        // Barrier: the commit is durable on both sides (request.json in the run
+        // directory, the name gone from the spool) before status.json is
+        // written: a status that reached the disk without its request.json
+        // would be a run no one claimed (§14: another host's), with the request
+        // still in the spool to be claimed again.
         let _ = fsync_dir(&dir);
         let _ = fsync_dir(&self.layout.spool());
         tracing::info!(run_id = %run_id, request = name, queue_priority = req.priority, "claimed");
@@ -308,7 +330,7 @@ pub fn finish_claim(w: &mut Writer, l: &Layout, run_id: &RunId, req: &Request) -
 pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &RunId, ctx: &dyn Context) -> io::Result<Option<Status>> {
     let dir = l.run_dir(run_id);
     let path = RunPaths::request(&dir);
-    if RunPaths::status(&dir).exists() {
+    if RunPaths::status(&dir).exists() && !remove_torn_status(&dir)? {
         return Ok(None);
     }
     let raw = fsutil::read_nofollow(&path, MAX_REQUEST_BYTES + 1)?;
@@ -340,6 +362,27 @@ pub fn finish_half_claim(w: &mut Writer, l: &Layout, run_id: &RunId, ctx: &dyn C
             Ok(None)
         }
     }
+}
+
+/// Is `<dir>/status.json` what a power loss leaves of a status written
+/// without fsync (the queued one, or a runner's update): empty or zero-filled?
+/// Every writer renames a complete temp into place, so nothing else writes
+/// such a file.
+pub fn status_is_torn(dir: &Path) -> bool {
+    fsutil::read_nofollow(&RunPaths::status(dir), 16 * 1024 * 1024).is_ok_and(|b| b.iter().all(|&x| x == 0))
+}
+
+/// Remove a torn status.json (`status_is_torn`) of a run whose runner is not
+/// alive, under the status lock, so the claim is finished again as if the
+/// unsynced write had been lost whole. True when removed.
+fn remove_torn_status(dir: &Path) -> io::Result<bool> {
+    let _lock = fsutil::lock(&RunPaths::status_lock(dir), false)?;
+    if !status_is_torn(dir) || fsutil::lock_held(&RunPaths::runner_lock(dir))? {
+        return Ok(false);
+    }
+    tracing::warn!(dir = %dir.display(), "status.json is empty or zero-filled (a power loss before it was durable): the claim is finished again");
+    std::fs::remove_file(RunPaths::status(dir))?;
+    Ok(true)
 }
 
 /// Append `subagent.run.queued` unless events.jsonl already has it: the

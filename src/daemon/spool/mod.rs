@@ -8,7 +8,7 @@ mod intake;
 mod reject;
 mod withdraw;
 
-pub use claim::{ensure_queued_event, finish_claim, finish_half_claim, mark_claimed};
+pub use claim::{ensure_queued_event, finish_claim, finish_half_claim, mark_claimed, status_is_torn};
 pub use intake::{Gate, Intake};
 pub use reject::{recover_rejected, reject_entry, STAGING_PREFIX};
 pub use withdraw::{withdraw, Withdrawal};

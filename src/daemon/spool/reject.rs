@@ -76,6 +76,13 @@ pub fn reject_entry(
             return Ok(false);
         }
     }
+    // Barrier: the move is durable in both directories before the error file
+    // or the rejected run is written. Otherwise a power loss could keep those
+    // and lose the move: the request back in the spool next to its rejection,
+    // to be claimed and run (a withdrawn one too), or rejected a second time.
+    // Two directory fsyncs per rejection; rejections are rare.
+    let _ = fsync_dir(&l.rejected());
+    let _ = fsync_dir(&l.spool());
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     write_error_file(w, &err, &file, r)?;
     tracing::warn!(

@@ -106,10 +106,22 @@ pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal>
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
-    let entry = (0..1000)
-        .map(|n| rejected_names(l, name, n).0)
-        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| FileId::at(p, &m).same(&seen)))
-        .unwrap_or_else(|| l.rejected_entry(name));
+    let (entry, err) = (0..1000)
+        .map(|n| rejected_names(l, name, n))
+        .find(|(p, _)| std::fs::symlink_metadata(p).is_ok_and(|m| FileId::at(p, &m).same(&seen)))
+        .unwrap_or_else(|| rejected_names(l, name, 0));
+    // Barrier: the error file is durable before the client is told the
+    // request was withdrawn. The move itself was made durable by
+    // `reject_entry`; a lost error file would be rewritten at the next daemon
+    // start, but by re-checking the request, which cannot tell `withdrawn`.
+    fsutil::open_read(&err).and_then(|f| f.sync_all()).and_then(|()| fsutil::fsync_dir(&l.rejected())).map_err(
+        |e| {
+            io::Error::new(
+                e.kind(),
+                format!("withdrew {name}, but could not make {} durable ({e}); check the file system", err.display()),
+            )
+        },
+    )?;
     drop(file);
     Ok(Withdrawal::Withdrawn { entry, run_id })
 }

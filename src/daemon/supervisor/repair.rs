@@ -148,7 +148,11 @@ pub fn ensure_published_status(w: &mut Writer, l: &Layout, id: &RunId, s: &Statu
         return Ok(());
     }
     let marker = index::terminal_marker_path(l, s);
-    if !marker.exists() || l.active_marker(id).exists() {
+    // The marker is written without fsync: one a power loss left empty or
+    // zero-filled counts as missing, so the publication is done again.
+    let marker_ok = fsutil::read_nofollow(&marker, 64 * 1024)
+        .is_ok_and(|b| serde_json::from_slice::<crate::protocol::status::TerminalMarker>(&b).is_ok());
+    if !marker_ok || l.active_marker(id).exists() {
         results::finish_terminal(w, l, id, s)?;
     }
     if is_repair_outcome(s) {
