@@ -59,12 +59,35 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match spool::withdraw(layout, &p.name, &message)
-            .with_context(|| format!("cannot withdraw {}", path.display()))?
-        {
-            spool::Withdrawal::Withdrawn { entry, .. } => {
+        let outcome = match spool::withdraw(layout, &p.name, &message) {
+            Ok(o) => o,
+            // Still in the spool: nothing was withdrawn. Gone: settled by
+            // someone, maybe us; what is on disk says how (below).
+            Err(e) if std::fs::symlink_metadata(&path).is_ok() => {
+                return Err(e).with_context(|| format!("cannot withdraw {}", path.display()))
+            }
+            Err(e) => {
+                eprintln!(
+                    "runspool: {} left the spool while being withdrawn ({e}); looking at where it went",
+                    path.display()
+                );
+                spool::Withdrawal::Gone
+            }
+        };
+        match outcome {
+            spool::Withdrawal::Withdrawn { entry, unfinished: None, .. } => {
                 eprintln!(
                     "runspool: withdrew {} before any daemon claimed it; it never runs (moved to {}, code `withdrawn`)",
+                    p.run_id,
+                    entry.display()
+                );
+                return Ok(None);
+            }
+            spool::Withdrawal::Withdrawn { entry, unfinished: Some(why), .. } => {
+                eprintln!(
+                    "runspool: withdrew {} before any daemon claimed it; it never runs (moved to {}). \
+                     Not finished yet: {why}; the daemon writes its error file (code `withdrawn`) and run \
+                     once there is space (at its next start, or its next rescan while it runs)",
                     p.run_id,
                     entry.display()
                 );
@@ -86,6 +109,14 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
     let ef = error_file(layout, &p.name);
     if ef.exists() {
         let (code, message) = read_error(&ef);
+        if code == "withdrawn" {
+            eprintln!(
+                "runspool: {} was withdrawn before any daemon claimed it; it never runs (see {})",
+                p.run_id,
+                ef.display()
+            );
+            return Ok(None);
+        }
         bail!("{} was refused before it ran ({code}: {message}); nothing to stop (see {})", p.name, ef.display());
     }
     bail!(
