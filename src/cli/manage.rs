@@ -126,7 +126,7 @@ pub fn rm(layout: &Layout, args: &[String], json_out: bool) -> anyhow::Result<i3
         remove(layout, s)?;
         removed.push(s.run_id.clone());
         if !json_out {
-            println!("removed {}", s.run_id);
+            println!("removed {}", super::text::visible(&s.run_id));
         }
     }
     if json_out {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::target::{age, await_claim, daemon_running, error_file, read_error, Pending};
+use super::text::visible;
 use crate::daemon::spool;
 use crate::store::Layout;
 
@@ -40,6 +41,7 @@ pub(crate) fn status(layout: &Layout, p: &Pending, json: bool) -> anyhow::Result
 /// `status` of a request refused or withdrawn before it had a run directory.
 pub(crate) fn rejected_status(name: &str, error_file: &Path) -> anyhow::Result<i32> {
     let (code, message) = read_error(error_file);
+    let (code, message) = (visible(&code), visible(&message));
     println!("request   {name}");
     println!("state     {} before it ran ({code})", if code == "withdrawn" { "withdrawn" } else { "rejected" });
     println!("error     {message}");
@@ -68,8 +70,9 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
             }
             Err(e) => {
                 eprintln!(
-                    "runspool: {} left the spool while being withdrawn ({e}); looking at where it went",
-                    path.display()
+                    "runspool: {} left the spool while being withdrawn ({}); looking at where it went",
+                    path.display(),
+                    visible(&e.to_string())
                 );
                 spool::Withdrawal::Gone
             }
@@ -89,7 +92,8 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
                      Not finished yet: {why}; the daemon writes its error file (code `withdrawn`) and run \
                      once there is space (at its next start, or its next rescan while it runs)",
                     p.run_id,
-                    entry.display()
+                    entry.display(),
+                    why = visible(&why)
                 );
                 return Ok(None);
             }
@@ -109,6 +113,7 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
     let ef = error_file(layout, &p.name);
     if ef.exists() {
         let (code, message) = read_error(&ef);
+        let (code, message) = (visible(&code), visible(&message));
         if code == "withdrawn" {
             eprintln!(
                 "runspool: {} was withdrawn before any daemon claimed it; it never runs (see {})",
