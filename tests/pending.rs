@@ -278,3 +278,62 @@ fn a_withdrawal_cut_short_after_its_move_is_finished_as_withdrawn() {
     assert!(stdout_str(&o).contains(RejectionCode::Withdrawn.as_str()), "{}", describe(&o));
     env.check_consistency();
 }
+
+#[test]
+fn pending_requests_resolve_by_name_or_run_id_among_large_and_hostile_entries() {
+    let env = TestEnv::new();
+    // 200 large requests named apart from their run ids, each runId after its ~900 KiB of steps.
+    let big = "x".repeat(900 * 1024);
+    for i in 0..200 {
+        let mut body = request(None, &env.work, vec![sh_step("a", &format!("true #{big}"))]);
+        body["runId"] = Value::from(format!("big-run-{i}"));
+        write_file_mode(&env.spool().join(format!("big-{i}.json")), body.to_string().as_bytes(), 0o600);
+    }
+    // Entries no daemon would claim: a FIFO (a read would block), one over
+    // the size limit, a directory, a symlink to the FIFO.
+    let fifo = env.spool().join("fifo.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    write_file_mode(&env.spool().join("huge.json"), &vec![b' '; 2 << 20], 0o600);
+    std::fs::create_dir(env.spool().join("dir.json")).unwrap();
+    std::os::unix::fs::symlink(&fifo, env.spool().join("link.json")).unwrap();
+    // A request still being written in place: its runId is there, its end is not yet.
+    let half = format!(
+        r#"{{"version":1,"runId":"half-run","cwd":"{}","steps":[{{"agent":"a","command":["sh","-c","{}"#,
+        env.work.display(),
+        "y".repeat(100 * 1024)
+    );
+    write_file_mode(&env.spool().join("half.json"), half.as_bytes(), 0o600);
+
+    let t = Duration::from_secs(120);
+    for (arg, id) in [
+        ("big-run-137", "big-run-137"),
+        ("big-137.json", "big-run-137"),
+        ("big-137", "big-run-137"),
+        ("half-run", "half-run"),
+    ] {
+        let o = env.cli_timeout(&["status", arg], t);
+        assert_eq!(o.status.code(), Some(0), "status {arg}: {}", describe(&o));
+        let out = stdout_str(&o);
+        assert!(out.contains(&format!("run       {id}")) && out.contains("pending in spool"), "status {arg}: {out}");
+    }
+    let o = env.cli_timeout(&["wait", "big-run-3", "--timeout", "1s"], t);
+    assert_eq!(o.status.code(), Some(3), "waits on the pending request, no daemon to claim it: {}", describe(&o));
+    let o = env.cli_timeout(&["status", "no-such-run-id"], t);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    assert!(stderr_str(&o).contains("no run or pending request"), "{}", describe(&o));
+
+    // Completion offers each claimable request by its spool name (never read
+    // from the bodies), and every name it offers resolves.
+    let o = env.cli_timeout(&["__complete-runs"], t);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let offered: Vec<String> = stdout_str(&o).lines().map(str::to_string).collect();
+    for want in ["big-0", "big-199", "half"] {
+        assert!(offered.iter().any(|n| n == want), "{want} offered: {offered:?}");
+    }
+    for never in ["fifo", "huge", "dir", "link"] {
+        assert!(!offered.iter().any(|n| n == never), "{never} is no request to offer: {offered:?}");
+    }
+    let o = env.cli_timeout(&["status", "half"], t);
+    assert!(stdout_str(&o).contains("run       half-run"), "{}", describe(&o));
+}
