@@ -34,8 +34,9 @@ fn list_and_status_show_command_state_and_duration() {
     assert!(o.status.success(), "{}", describe(&o));
     let out = stdout_str(&o);
     let other = out.lines().find(|l| l.starts_with("t-other")).unwrap_or_else(|| panic!("t-other listed: {out}"));
-    assert!(other.contains(" other ") && other.trim_end().ends_with(" a ]0;pwned"), "{other:?}");
-    assert!(other.contains(" sess [2J-o "), "{other:?}");
+    // Shown escaped, visibly: nothing a terminal acts on, nothing hidden either.
+    assert!(other.contains(" other ") && other.trim_end().ends_with(r" a\x1b]0;pwned\x07"), "{other:?}");
+    assert!(other.contains(r" sess\x1b[2J-o "), "{other:?}");
     assert!(out.lines().next().unwrap_or_default().contains("COMMAND"), "a COMMAND column: {out}");
     let done = out.lines().find(|l| l.starts_with("t-done")).unwrap_or_else(|| panic!("t-done listed: {out}"));
     assert!(done.contains("complete") && done.contains("echo finished-marker"), "{done}");
@@ -46,7 +47,7 @@ fn list_and_status_show_command_state_and_duration() {
     assert!(!out.contains('\x1b'), "no escape codes when piped: {out:?}");
 
     let o = env.cli(&["status", "t-other"]);
-    assert!(stdout_str(&o).contains("session   sess [2J-o"), "{}", describe(&o));
+    assert!(stdout_str(&o).contains(r"session   sess\x1b[2J-o"), "{}", describe(&o));
     assert!(!stdout_str(&o).contains('\x1b'), "{}", describe(&o));
     let o = env.cli(&["status", "t-done"]);
     let out = stdout_str(&o);

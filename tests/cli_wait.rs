@@ -132,3 +132,56 @@ fn ctrl_c_ends_the_wait_not_the_run_and_says_so() {
     open_gate(&gate);
     assert_eq!(env.wait_terminal("w-int")["state"], "complete");
 }
+
+/// Bytes a terminal acts on: ESC, BEL, and C1's CSI (U+009B) in UTF-8.
+fn terminal_controls(bytes: &[u8]) -> bool {
+    bytes.contains(&0x1b) || bytes.contains(&0x07) || bytes.windows(2).any(|w| w == [0xc2, 0x9b])
+}
+
+#[test]
+fn escapes_from_files_are_printed_visibly_never_sent_to_the_terminal() {
+    let env = TestEnv::new();
+    let hostile = "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
+    // A run whose status.json (anyone's to write) carries escapes in its error and step names.
+    env.fabricate_terminal_run("esc-run", "s", now_ms() - 1000, "failed");
+    let dir = env.run_dir("esc-run");
+    let mut st: Value = read_json(&dir.join("status.json")).unwrap();
+    st["error"] = Value::from(format!("boom {hostile}"));
+    let step = st["steps"][0].clone();
+    st["steps"] = serde_json::json!([step.clone(), step]);
+    st["steps"][0]["agent"] = Value::from(format!("agent {hostile}"));
+    write_file_mode(&dir.join("status.json"), st.to_string().as_bytes(), 0o600);
+    for i in 0..2 {
+        write_file_mode(&dir.join(format!("output-{i}.log")), format!("out {i}\n").as_bytes(), 0o600);
+    }
+    // A request refused before it ran, its error file's message as hostile.
+    write_file_mode(&env.rejected().join("esc-rej.json"), b"{}", 0o600);
+    let err = serde_json::json!({"version": 1, "file": "esc-rej.json", "code": "invalid-field",
+                                 "message": format!("bad {hostile}"), "rejectedAt": now_ms()});
+    write_file_mode(&env.rejected().join("esc-rej.error.json"), err.to_string().as_bytes(), 0o600);
+
+    // (command, whether it prints the hostile field itself)
+    for (args, shows) in [
+        (&["wait", "esc-run"][..], true),
+        (&["stop", "esc-run"], false),
+        (&["status", "esc-run"], true),
+        (&["list"], false),
+        (&["logs", "esc-run"], false),
+        (&["wait", "esc-rej"], true),
+        (&["stop", "esc-rej"], true),
+        (&["status", "esc-rej"], true),
+        (&["logs", "esc-rej"], true),
+    ] {
+        let o = env.cli(args);
+        let all = [o.stdout.as_slice(), o.stderr.as_slice()].concat();
+        assert!(!terminal_controls(&all), "`runspool {}` printed a terminal control: {}", args.join(" "), describe(&o));
+        let text = String::from_utf8_lossy(&all);
+        assert!(
+            !shows || text.contains("\\x1b]0;pwned\\x07"),
+            "`runspool {}` shows the escape: {text}",
+            args.join(" ")
+        );
+    }
+    let o = env.cli(&["logs", "esc-run"]);
+    assert!(stdout_str(&o).contains("==> step 0 (agent \\x1b]0;pwned"), "{}", describe(&o));
+}

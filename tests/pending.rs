@@ -205,3 +205,135 @@ fn stop_waits_for_a_held_request_lock_then_withdraws() {
     assert!(t0.elapsed() < Duration::from_secs(25));
     assert!(!path.exists());
 }
+
+/// What a `runspool stop` killed (or cut short) right after moving its
+/// request to rejected/ leaves: the entry, no error file, and the intent
+/// marker it wrote before the move (`.withdrawing-<inode>-<name>`, see
+/// docs/protocol-notes.md). The request would touch `ran` if it ever ran.
+fn withdrawal_cut_short_after_its_move(env: &TestEnv, id: &str, ran: &std::path::Path, intent: bool) {
+    use std::os::unix::fs::MetadataExt;
+    let body = request(Some(id), &env.work, vec![sh_step("s", &format!("touch '{}'", ran.display()))]);
+    let entry = env.rejected().join(format!("{id}.json"));
+    write_file_mode(&entry, &serde_json::to_vec_pretty(&body).unwrap(), 0o600);
+    if !intent {
+        return;
+    }
+    let md = std::fs::metadata(&entry).unwrap();
+    let marker = serde_json::json!({
+        "version": 1, "file": format!("{id}.json"), "message": format!("withdrawn by `runspool stop` before it was claimed: {id} no longer needed"),
+        "dev": md.dev(), "ino": md.ino(), "size": md.len(),
+        "mtimeNs": (md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128).to_string(), "writtenAt": now_ms(),
+    });
+    write_file_mode(
+        &env.rejected().join(format!(".withdrawing-{}-{id}.json", md.ino())),
+        marker.to_string().as_bytes(),
+        0o600,
+    );
+}
+
+/// The outcome every reader sees of a withdrawal finished by the daemon.
+fn assert_withdrawn(env: &TestEnv, id: &str, ran: &std::path::Path) {
+    let ef = env.rejected().join(format!("{id}.error.json"));
+    wait_until(LONG, &format!("{} to be written\n{}", ef.display(), env.log_tail(30)), || ef.exists());
+    let err = read_json(&ef).expect("the error file");
+    assert_eq!(err["code"], RejectionCode::Withdrawn.as_str(), "a withdrawn request, never a duplicate run id: {err}");
+    assert!(err["message"].as_str().unwrap().contains(&format!("{id} no longer needed")), "{err}");
+    // The `rejected` run a waiter on the id learns the outcome from; nothing claimed, nothing ran.
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "rejected", "{st}");
+    assert!(st["error"].as_str().unwrap().starts_with("withdrawn: "), "{st}");
+    assert!(!env.run_dir(id).join("request.json").exists(), "the withdrawn request was never claimed");
+    assert!(!ran.exists(), "the withdrawn request never ran");
+    let o = env.cli(&["wait", id, "--timeout", "30s"]);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    assert!(stderr_str(&o).contains(RejectionCode::Withdrawn.as_str()), "{}", describe(&o));
+    wait_until(LONG, "the settled withdrawal's intent marker to go", || {
+        !list_names(&env.rejected()).iter().any(|n| n.starts_with(".withdrawing-"))
+    });
+}
+
+#[test]
+fn a_withdrawal_cut_short_after_its_move_is_finished_as_withdrawn() {
+    let mut env = TestEnv::with_config("max_running = 4\n[watch]\nrescan_interval_s = 1\n");
+    // Cut short before any daemon ran: the daemon's start finishes it.
+    let ran = env.work.join("ran-before");
+    withdrawal_cut_short_after_its_move(&env, "wd-before-start", &ran, true);
+    // A client older than intent markers: the reason is lost, but a request
+    // whose run id no run has was never a duplicate.
+    withdrawal_cut_short_after_its_move(&env, "wd-no-intent", &env.work.join("ran-no-intent"), false);
+    env.start_daemon();
+    assert_withdrawn(&env, "wd-before-start", &ran);
+    let ef = env.rejected().join("wd-no-intent.error.json");
+    wait_until(LONG, "the lost reason's error file", || ef.exists());
+    let err = read_json(&ef).unwrap();
+    assert_ne!(err["code"], RejectionCode::DuplicateRunId.as_str(), "no run has the id wd-no-intent: {err}");
+    assert_eq!(env.state("wd-no-intent").as_deref(), Some("rejected"), "a waiter on its id learns it ended");
+
+    // Cut short while the daemon runs (a client that gave up on a full
+    // disk, or was killed): its rescan finishes it.
+    let ran = env.work.join("ran-while-up");
+    withdrawal_cut_short_after_its_move(&env, "wd-while-up", &ran, true);
+    assert_withdrawn(&env, "wd-while-up", &ran);
+    let o = env.cli(&["status", "wd-while-up"]);
+    assert!(stdout_str(&o).contains(RejectionCode::Withdrawn.as_str()), "{}", describe(&o));
+    env.check_consistency();
+}
+
+#[test]
+fn pending_requests_resolve_by_name_or_run_id_among_large_and_hostile_entries() {
+    let env = TestEnv::new();
+    // 200 large requests named apart from their run ids, each runId after its ~900 KiB of steps.
+    let big = "x".repeat(900 * 1024);
+    for i in 0..200 {
+        let mut body = request(None, &env.work, vec![sh_step("a", &format!("true #{big}"))]);
+        body["runId"] = Value::from(format!("big-run-{i}"));
+        write_file_mode(&env.spool().join(format!("big-{i}.json")), body.to_string().as_bytes(), 0o600);
+    }
+    // Entries no daemon would claim: a FIFO (a read would block), one over
+    // the size limit, a directory, a symlink to the FIFO.
+    let fifo = env.spool().join("fifo.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    write_file_mode(&env.spool().join("huge.json"), &vec![b' '; 2 << 20], 0o600);
+    std::fs::create_dir(env.spool().join("dir.json")).unwrap();
+    std::os::unix::fs::symlink(&fifo, env.spool().join("link.json")).unwrap();
+    // A request still being written in place: its runId is there, its end is not yet.
+    let half = format!(
+        r#"{{"version":1,"runId":"half-run","cwd":"{}","steps":[{{"agent":"a","command":["sh","-c","{}"#,
+        env.work.display(),
+        "y".repeat(100 * 1024)
+    );
+    write_file_mode(&env.spool().join("half.json"), half.as_bytes(), 0o600);
+
+    let t = Duration::from_secs(120);
+    for (arg, id) in [
+        ("big-run-137", "big-run-137"),
+        ("big-137.json", "big-run-137"),
+        ("big-137", "big-run-137"),
+        ("half-run", "half-run"),
+    ] {
+        let o = env.cli_timeout(&["status", arg], t);
+        assert_eq!(o.status.code(), Some(0), "status {arg}: {}", describe(&o));
+        let out = stdout_str(&o);
+        assert!(out.contains(&format!("run       {id}")) && out.contains("pending in spool"), "status {arg}: {out}");
+    }
+    let o = env.cli_timeout(&["wait", "big-run-3", "--timeout", "1s"], t);
+    assert_eq!(o.status.code(), Some(3), "waits on the pending request, no daemon to claim it: {}", describe(&o));
+    let o = env.cli_timeout(&["status", "no-such-run-id"], t);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    assert!(stderr_str(&o).contains("no run or pending request"), "{}", describe(&o));
+
+    // Completion offers each claimable request by its spool name (never read
+    // from the bodies), and every name it offers resolves.
+    let o = env.cli_timeout(&["__complete-runs"], t);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let offered: Vec<String> = stdout_str(&o).lines().map(str::to_string).collect();
+    for want in ["big-0", "big-199", "half"] {
+        assert!(offered.iter().any(|n| n == want), "{want} offered: {offered:?}");
+    }
+    for never in ["fifo", "huge", "dir", "link"] {
+        assert!(!offered.iter().any(|n| n == never), "{never} is no request to offer: {offered:?}");
+    }
+    let o = env.cli_timeout(&["status", "half"], t);
+    assert!(stdout_str(&o).contains("run       half-run"), "{}", describe(&o));
+}

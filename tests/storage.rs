@@ -690,3 +690,80 @@ fn chaos_with_kills_and_a_disk_that_fills_twice() {
     check_outcomes(&env, &wanted);
     assert!(env.term().success());
 }
+
+/// `runspool stop` of a pending request on a full disk with room for its
+/// intent marker only (one page): the move succeeds, its error file and run
+/// cannot be written. Killed there, or giving up after its minute, the
+/// withdrawal is reported for what it is (withdrawn, not finished: never a
+/// failure), and once space returns the daemon finishes it as `withdrawn`
+/// (never `duplicate-run-id`) and the request never runs.
+#[test]
+fn a_withdrawal_cut_short_by_a_full_disk_is_finished_as_withdrawn() {
+    if !need_root("a_withdrawal_cut_short_by_a_full_disk_is_finished_as_withdrawn") {
+        return;
+    }
+    let mut env = TestEnv::with_config(FULL_CONFIG);
+    let _m = mount_tmpfs(&env.root, "size=4m");
+    env.ensure_layout();
+    let ran = env.work.join("ran");
+    for id in ["wd-killed", "wd-gave-up"] {
+        env.submit(&request(Some(id), &env.work, vec![sh_step("s", &format!("touch '{}'", ran.display()))]));
+    }
+    let mut filler = fill(&env.root.join("filler"), 256 * 1024);
+    let stop = |id: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["stop", id, "--reason", &format!("{id} no longer needed"), "--root"]).arg(&env.root);
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    // A withdrawal that waits for room to record its intent gets one small
+    // file's worth (the last filler files are the smallest): its error file
+    // still finds the disk full.
+    let mut moved_with_room_for_its_intent = |id: &str| {
+        let moved = env.rejected().join(format!("{id}.json"));
+        let t0 = Instant::now();
+        while !moved.exists() && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !moved.exists() {
+            fs::remove_file(filler.pop().unwrap()).unwrap();
+        }
+        wait_until(LONG, &format!("the withdrawal to move {id}"), || moved.exists());
+    };
+    let mut child = stop("wd-killed");
+    moved_with_room_for_its_intent("wd-killed");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!env.rejected().join("wd-killed.error.json").exists(), "the disk was meant to be full for the error file");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let child = stop("wd-gave-up");
+    moved_with_room_for_its_intent("wd-gave-up");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "moved out of the spool, it is withdrawn: {}", describe(&o));
+    let said = stderr_str(&o);
+    assert!(said.contains("withdrew wd-gave-up") && said.contains("Not finished yet"), "{said}");
+    assert!(env.pending_spool().is_empty(), "{:?}", env.pending_spool());
+
+    for p in filler {
+        fs::remove_file(p).unwrap();
+    }
+    env.start_daemon();
+    for id in ["wd-killed", "wd-gave-up"] {
+        let ef = env.rejected().join(format!("{id}.error.json"));
+        wait_until(LONG, &format!("{}\n{}", ef.display(), env.log_tail(30)), || ef.exists());
+        let err = read_json(&ef).unwrap();
+        assert_eq!(err["code"], RejectionCode::Withdrawn.as_str(), "{err}");
+        assert!(err["message"].as_str().unwrap().contains(&format!("{id} no longer needed")), "{err}");
+        let st = env.wait_terminal(id);
+        assert_eq!(st["state"], "rejected", "{st}");
+        assert!(st["error"].as_str().unwrap().starts_with("withdrawn: "), "{st}");
+        assert!(!env.run_dir(id).join("request.json").exists(), "{id} was never claimed");
+    }
+    wait_until(LONG, "the intent markers to go", || {
+        !list_names(&env.rejected()).iter().any(|n| n.starts_with(".withdrawing-"))
+    });
+    assert!(!ran.exists(), "a withdrawn request never runs");
+    env.check_consistency();
+    assert!(env.term().success());
+}

@@ -83,7 +83,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for c in &checks {
-            println!("{:<5} {:<11} {}", c.level.as_str(), c.name, c.detail);
+            println!("{:<5} {:<11} {}", c.level.as_str(), c.name, super::text::visible_lines(&c.detail));
         }
     }
     Ok(if failed { 1 } else { 0 })

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use super::text::visible;
 use crate::daemon::queue;
 use crate::protocol::daemon::{DaemonStatus, QueueInfo};
 use crate::store::{fsutil, Layout};
@@ -174,23 +175,24 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
         Some(d) => {
             match h.unresponsive() {
                 Some(why) => {
-                    println!("daemon    {why}");
-                    println!("fix       {}", h.fix());
+                    println!("daemon    {}", visible(&why.to_string()));
+                    println!("fix       {}", visible(&h.fix().to_string()));
                 }
-                None => println!("daemon    running (pid {}, version {})", d.pid, d.runspool_version),
+                None => println!("daemon    running (pid {}, version {})", d.pid, visible(&d.runspool_version)),
             }
+            // daemon.json's words, like a run's: never a terminal escape from them.
             println!("root      {}", layout.root.display());
-            println!("watch     {}", watch_text(d));
-            println!("storage   {}", h.storage_text());
+            println!("watch     {}", visible(&watch_text(d)));
+            println!("storage   {}", visible(&h.storage_text()));
             println!("runs      {} running, {} queued", d.runs.running, d.runs.queued);
             if let Some(line) = d.queue.as_ref().map(describe_report) {
-                println!("queue     {line}");
+                println!("queue     {}", visible(&line));
             }
         }
         None => {
             println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
             if let Some(line) = describe_file(layout) {
-                println!("queue     {line}");
+                println!("queue     {}", visible(&line));
             }
         }
     }

@@ -38,7 +38,7 @@ fn listed_json(x: &index::Listed) -> serde_json::Value {
     v
 }
 
-/// `println!` of one line with every control character as a space: a run's
+/// `println!` of one line with every control character shown escaped: a run's
 /// fields are another client's words, never terminal escapes.
 macro_rules! say {
     ($($t:tt)*) => { println!("{}", one_line(&format!($($t)*))) };
@@ -199,10 +199,10 @@ fn command_of(dir: &std::path::Path, s: &Status) -> String {
     one_line(&parts.join("; "))
 }
 
-/// `text` with every control character (newlines, escapes) as a space: one
-/// table line, and nothing a terminal would act on.
+/// `text` with every control character (newlines, escapes) shown escaped:
+/// one table line, and nothing a terminal would act on.
 fn one_line(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+    super::text::visible(text)
 }
 
 fn quote(a: &str) -> String {

@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _};
 use serde_json::json;
 
 use super::target::{age, await_claim, error_file, load, read_error, resolve, Target};
+use super::text::visible;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
 use crate::store::{fsutil, run, Layout, RunId};
@@ -57,7 +58,7 @@ pub fn logs(
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
             if len > offsets[i] {
                 if steps.len() > 1 && !follow {
-                    writeln!(out, "==> step {i} ({}) <==", s.steps[i].agent)?;
+                    writeln!(out, "==> step {i} ({}) <==", visible(&s.steps[i].agent))?;
                 }
                 f.seek(SeekFrom::Start(offsets[i]))?;
                 // Streamed: the output may be far larger than memory.
@@ -74,8 +75,8 @@ pub fn logs(
             let code = run_exit_code(&end);
             if code != 0 {
                 // Said on stderr, so the output on stdout stays the steps' own.
-                let why = end.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
-                eprintln!("runspool: {id} {} (exit {code}){why}", end.state.as_str());
+                let why = end.error.as_deref().map(|e| format!(": {}", visible(e))).unwrap_or_default();
+                eprintln!("runspool: {id} {} (exit {code}){why}", visible(end.state.as_str()));
             }
             return Ok(code);
         }
@@ -93,6 +94,7 @@ fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlo
             if !await_claim(layout, &p, None)? {
                 let ef = error_file(layout, &p.name);
                 let (code, message) = read_error(&ef);
+                let (code, message) = (visible(&code), visible(&message));
                 eprintln!("runspool: {} was refused before it ran ({code}): {message} (see {})", p.name, ef.display());
                 return Ok(ControlFlow::Break(2));
             }
@@ -109,6 +111,7 @@ fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlo
         }
         Target::Rejected { name, error_file } => {
             let (code, message) = read_error(&error_file);
+            let (code, message) = (visible(&code), visible(&message));
             if follow {
                 // As when the refusal comes while following: exit 2, whichever came first.
                 eprintln!(

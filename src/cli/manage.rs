@@ -186,7 +186,8 @@ pub fn clean(
     Ok(0)
 }
 
-/// `runspool __complete-runs`: the ids of runs and of pending requests, one a
+/// `runspool __complete-runs`: the ids of runs and the names of pending
+/// requests (never read: a TAB must not read the spool's bodies), one a
 /// line, for the completion scripts.
 pub fn complete_runs(layout: &Layout) -> i32 {
     let mut ids: Vec<String> = std::fs::read_dir(layout.runs())
@@ -197,7 +198,7 @@ pub fn complete_runs(layout: &Layout) -> i32 {
                 .collect()
         })
         .unwrap_or_default();
-    ids.extend(super::target::pending_ids(layout));
+    ids.extend(super::target::pending_names(layout));
     ids.sort();
     ids.dedup();
     for id in ids {

@@ -13,6 +13,7 @@ mod pending;
 mod queue_cmd;
 mod submit;
 mod target;
+mod text;
 mod wait;
 
 use std::path::{Path, PathBuf};
@@ -461,7 +462,8 @@ pub fn main() -> i32 {
             match r {
                 Ok(code) => code,
                 Err(e) => {
-                    eprintln!("runspool: {e:#}");
+                    // An error may quote a file (an error file's message, a status's error).
+                    eprintln!("runspool: {}", text::visible_lines(&format!("{e:#}")));
                     1
                 }
             }

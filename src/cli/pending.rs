@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::target::{age, await_claim, daemon_running, error_file, read_error, Pending};
+use super::text::visible;
 use crate::daemon::spool;
 use crate::store::{Layout, RunId};
 
@@ -40,6 +41,7 @@ pub(crate) fn status(layout: &Layout, p: &Pending, json: bool) -> anyhow::Result
 /// `status` of a request refused or withdrawn before it had a run directory.
 pub(crate) fn rejected_status(name: &str, error_file: &Path) -> anyhow::Result<i32> {
     let (code, message) = read_error(error_file);
+    let (code, message) = (visible(&code), visible(&message));
     println!("request   {name}");
     println!("state     {} before it ran ({code})", if code == "withdrawn" { "withdrawn" } else { "rejected" });
     println!("error     {message}");
@@ -59,14 +61,39 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match spool::withdraw(layout, &p.name, &message)
-            .with_context(|| format!("cannot withdraw {}", path.display()))?
-        {
-            spool::Withdrawal::Withdrawn { entry, .. } => {
+        let outcome = match spool::withdraw(layout, &p.name, &message) {
+            Ok(o) => o,
+            // Still in the spool: nothing was withdrawn. Gone: settled by
+            // someone, maybe us; what is on disk says how (below).
+            Err(e) if std::fs::symlink_metadata(&path).is_ok() => {
+                return Err(e).with_context(|| format!("cannot withdraw {}", path.display()))
+            }
+            Err(e) => {
+                eprintln!(
+                    "runspool: {} left the spool while being withdrawn ({}); looking at where it went",
+                    path.display(),
+                    visible(&e.to_string())
+                );
+                spool::Withdrawal::Gone
+            }
+        };
+        match outcome {
+            spool::Withdrawal::Withdrawn { entry, unfinished: None, .. } => {
                 eprintln!(
                     "runspool: withdrew {} before any daemon claimed it; it never runs (moved to {}, code `withdrawn`)",
                     p.run_id,
                     entry.display()
+                );
+                return Ok(None);
+            }
+            spool::Withdrawal::Withdrawn { entry, unfinished: Some(why), .. } => {
+                eprintln!(
+                    "runspool: withdrew {} before any daemon claimed it; it never runs (moved to {}). \
+                     Not finished yet: {why}; the daemon writes its error file (code `withdrawn`) and run \
+                     once there is space (at its next start, or its next rescan while it runs)",
+                    p.run_id,
+                    entry.display(),
+                    why = visible(&why)
                 );
                 return Ok(None);
             }
@@ -92,6 +119,15 @@ pub(crate) fn stop(layout: &Layout, p: &Pending, reason: Option<&str>) -> anyhow
     let ef = error_file(layout, &p.name);
     if ef.exists() {
         let (code, message) = read_error(&ef);
+        let (code, message) = (visible(&code), visible(&message));
+        if code == "withdrawn" {
+            eprintln!(
+                "runspool: {} was withdrawn before any daemon claimed it; it never runs (see {})",
+                p.run_id,
+                ef.display()
+            );
+            return Ok(None);
+        }
         bail!("{} was refused before it ran ({code}: {message}); nothing to stop (see {})", p.name, ef.display());
     }
     bail!(

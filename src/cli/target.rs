@@ -60,35 +60,95 @@ fn entry(layout: &Layout, name: &str) -> Option<Pending> {
     if !md.is_file() || md.len() > MAX_REQUEST_BYTES {
         return None;
     }
-    // The spool is anyone's to write: never follow a link or wait on a FIFO there.
-    let body =
-        fsutil::read_nofollow(&path, MAX_REQUEST_BYTES).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
     // Without a valid runId the daemon derives one from the entry (an invalid
     // one gets the request rejected, and no run of that name is created).
-    let run_id = body
-        .as_ref()
-        .and_then(|b| b.get("runId"))
-        .and_then(Value::as_str)
-        .filter(|s| is_id(s, 128))
-        .and_then(RunId::parse)
-        .unwrap_or_else(|| spool::claim_id(&md, name));
+    let run_id = body_run_id(&path).and_then(|id| RunId::parse(&id)).unwrap_or_else(|| spool::claim_id(&md, name));
     Some(Pending { run_id, name: name.to_string(), since_ms: md.mtime() * 1000 + md.mtime_nsec() / 1_000_000 })
 }
 
-/// Every claimable entry in the spool.
-fn entries(layout: &Layout) -> Vec<Pending> {
-    let Ok(rd) = std::fs::read_dir(layout.spool()) else { return vec![] };
-    rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter_map(|n| entry(layout, &n)).collect()
+/// How much of a request `body_run_id` reads first: `runId` is near the top
+/// of what `submit` writes, and a request is up to 1 MiB (its steps).
+const RUN_ID_PREFIX: u64 = 64 * 1024;
+
+/// The valid top-level `runId` of the request at `path`, found by a
+/// streaming parse that stops at that key: from its first 64 KiB when they
+/// hold it, else from the whole file (at most `MAX_REQUEST_BYTES`). None: no
+/// valid `runId`, or not a JSON object. The spool is anyone's to write:
+/// never a link followed or a FIFO waited on (`read_nofollow`).
+fn body_run_id(path: &Path) -> Option<String> {
+    let head = fsutil::read_nofollow(path, RUN_ID_PREFIX).ok()?;
+    let found = match top_level_run_id(&head) {
+        Err(e) if e.is_eof() && head.len() as u64 == RUN_ID_PREFIX => {
+            top_level_run_id(&fsutil::read_nofollow(path, MAX_REQUEST_BYTES).ok()?)
+        }
+        r => r,
+    };
+    found.ok().flatten().filter(|s| is_id(s, 128))
 }
 
-/// The run ids the requests waiting in the spool will get.
-pub(crate) fn pending_ids(layout: &Layout) -> Vec<String> {
-    entries(layout).into_iter().map(|p| p.run_id.to_string()).collect()
+/// The top-level `runId` string of the JSON object at the start of `bytes`
+/// (Ok(None): the object has none, or it is not a string). Stops reading
+/// at the key: what follows is not looked at.
+fn top_level_run_id(bytes: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    use serde::de::{Deserializer as _, Error as _, IgnoredAny, MapAccess, Visitor};
+    struct Find<'a>(&'a mut Option<Option<String>>);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            while let Some(k) = m.next_key::<String>()? {
+                if k == "runId" {
+                    let v: Value = m.next_value()?;
+                    *self.0 = Some(v.as_str().map(str::to_string));
+                    // Found: stop here rather than read the rest.
+                    return Err(A::Error::custom("runId found"));
+                }
+                m.next_value::<IgnoredAny>()?;
+            }
+            *self.0 = Some(None);
+            Ok(())
+        }
+    }
+    let mut found = None;
+    let r = serde_json::Deserializer::from_slice(bytes).deserialize_map(Find(&mut found));
+    match (found, r) {
+        (Some(f), _) => Ok(f),
+        (None, Err(e)) => Err(e),
+        (None, Ok(())) => Ok(None),
+    }
+}
+
+/// Every claimable entry in the spool, each body read as the iterator gets
+/// to it: a search that stops at its match reads no further.
+fn entries(layout: &Layout) -> impl Iterator<Item = Pending> + '_ {
+    std::fs::read_dir(layout.spool())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(move |n| entry(layout, &n))
+}
+
+/// The names the requests waiting in the spool answer to, for completion:
+/// their spool file names without `.json` (`submit` names a request by its
+/// run id), from the listing and each entry's lstat, never their bodies.
+pub(crate) fn pending_names(layout: &Layout) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(layout.spool()) else { return vec![] };
+    rd.flatten()
+        .filter(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() <= MAX_REQUEST_BYTES))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| classify_name(n) == Name::Candidate)
+        .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
+        .collect()
 }
 
 /// An exact match of `arg`: a run id, a pending request's run id or file
-/// name, or a settled rejection's name.
-fn exact(layout: &Layout, arg: &str) -> Option<Target> {
+/// name, or a settled rejection's name. When the spool's bodies were all
+/// read without a match, the entries they make are left in `listed` for a
+/// prefix search to reuse.
+fn exact(layout: &Layout, arg: &str, listed: &mut Option<Vec<Pending>>) -> Option<Target> {
     let id = RunId::parse(arg);
     if let Some(id) = id.as_ref().filter(|id| run_exists(layout, id)) {
         return Some(Target::Run(id.clone()));
@@ -97,8 +157,16 @@ fn exact(layout: &Layout, arg: &str) -> Option<Target> {
     if let Some(p) = entry(layout, &format!("{stem}.json")) {
         return Some(Target::Pending(p));
     }
-    if let Some(p) = entries(layout).into_iter().find(|p| p.run_id.as_str() == arg) {
-        return Some(Target::Pending(p));
+    // Only a valid id can be a pending request's run id: then the bodies, to the first match.
+    if is_id(arg, 128) {
+        let mut seen = Vec::new();
+        for p in entries(layout) {
+            if p.run_id.as_str() == arg {
+                return Some(Target::Pending(p));
+            }
+            seen.push(p);
+        }
+        *listed = Some(seen);
     }
     // Claimed between the two looks: the claim's rename moved it into its run.
     if let Some(id) = id.filter(|id| run_exists(layout, id)) {
@@ -134,13 +202,15 @@ fn claimed_from(layout: &Layout, id: &RunId) -> bool {
 pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
     // A rejection moves the entry out of the spool a moment before its error
     // file and run appear: look again before saying there is nothing.
+    let mut listed = None;
     for attempt in 0..3 {
-        if let Some(t) = exact(layout, arg) {
+        if let Some(t) = exact(layout, arg, &mut listed) {
             return Ok(t);
         }
-        if attempt < 2 && std::fs::symlink_metadata(layout.rejected().join(arg)).is_ok() {
-            std::thread::sleep(Duration::from_millis(100));
+        if attempt == 2 || std::fs::symlink_metadata(layout.rejected().join(arg)).is_err() {
+            break;
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
     if arg.len() < 8 {
         bail!(
@@ -157,7 +227,9 @@ pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
             }
         }
     }
-    for p in entries(layout) {
+    // No run id starts with what no run id could start with: no body read then.
+    let pending = if is_id(arg, 128) { listed.unwrap_or_else(|| entries(layout).collect()) } else { vec![] };
+    for p in pending {
         if p.run_id.starts_with(arg) && !found.iter().any(|t| matches!(t, Target::Run(id) if *id == p.run_id)) {
             found.push(Target::Pending(p));
         }
@@ -249,4 +321,22 @@ pub(crate) fn read_error(p: &Path) -> (String, String) {
 pub(crate) fn load(layout: &Layout, id: &RunId) -> anyhow::Result<Status> {
     run::read_status(&layout.run_dir(id))?
         .with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_level_run_id;
+
+    #[test]
+    fn run_id_is_the_top_level_key_only_and_stops_the_read() {
+        let id = |b: &str| top_level_run_id(b.as_bytes()).ok().flatten();
+        assert_eq!(id(r#"{"a":{"runId":"inner"},"runId":"outer"}"#).as_deref(), Some("outer"));
+        assert_eq!(id(r#"{"run\u0049d":"escaped"}"#).as_deref(), Some("escaped"));
+        // Found before the end: what follows (cut off, or not JSON) is not read.
+        assert_eq!(id(r#"{"runId":"early","steps":[{"x":"#).as_deref(), Some("early"));
+        assert_eq!(id(r#"{"steps":[],"version":1}"#), None);
+        assert_eq!(id(r#"{"runId":7}"#), None);
+        assert!(top_level_run_id(br#"{"steps":["cut"#).is_err_and(|e| e.is_eof()));
+        assert!(top_level_run_id(b"[1]").is_err());
+    }
 }

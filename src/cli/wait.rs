@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use super::target::{daemon_running, resolve, Target};
+use super::text::visible;
 use crate::protocol::status::{State, Status, StepState};
 use crate::store::{fsutil, run, Layout, RunId};
 
@@ -83,10 +84,13 @@ pub(crate) fn wait_run(
 /// The run `id` ended as `s`: say how, print it with `json`; its exit code.
 fn ended(id: &str, s: &Status, json: bool) -> anyhow::Result<i32> {
     let took = fmt_elapsed(((s.ended_at.unwrap_or(s.last_update) - s.started_at).max(0) / 1000) as u64);
-    eprintln!("runspool: {id} {} (exit {}) after {took}", s.state.as_str(), s.exit_code.unwrap_or(1));
+    eprintln!(
+        "runspool: {}",
+        visible(&format!("{id} {} (exit {}) after {took}", s.state.as_str(), s.exit_code.unwrap_or(1)))
+    );
     if let Some(e) = &s.error {
         if s.state != State::Complete {
-            eprintln!("runspool: {e}");
+            eprintln!("runspool: {}", visible(e));
         }
     }
     if json {
@@ -105,8 +109,8 @@ fn rejected(layout: &Layout, name: &str, json: bool, progress: &mut Progress) ->
     let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));
     eprintln!(
         "runspool: the request was rejected ({}): {} (see {})",
-        v["code"].as_str().unwrap_or("?"),
-        v["message"].as_str().unwrap_or("see the error file"),
+        visible(v["code"].as_str().unwrap_or("?")),
+        visible(v["message"].as_str().unwrap_or("see the error file")),
         err.display()
     );
     if json {
@@ -193,6 +197,7 @@ impl Progress {
     }
 
     fn line(&mut self, text: &str, elapsed: Duration) {
+        let text: &str = &visible(text);
         if self.tty {
             let mut err = std::io::stderr();
             let _ = write!(err, "\r\x1b[K{text} · {}", fmt_elapsed(elapsed.as_secs()));

@@ -300,6 +300,8 @@ impl Recovery {
         if !safe {
             return;
         }
+        // Withdrawals whose client was cut short after moving the entry.
+        spool::finish_withdrawals(env.w, env.layout, env.cfg);
         let Ok(active) = index::list_active(env.layout) else { return };
         self.foreign.clear();
         for x in active {

@@ -10,7 +10,7 @@ mod withdraw;
 
 pub use claim::{ensure_queued_event, finish_claim, finish_half_claim, mark_claimed, status_is_torn};
 pub use intake::{Gate, Intake};
-pub use reject::{recover_rejected, reject_entry, STAGING_PREFIX};
+pub use reject::{finish_withdrawals, recover_rejected, reject_entry, STAGING_PREFIX};
 pub use withdraw::{withdraw, Withdrawal};
 
 use std::io;

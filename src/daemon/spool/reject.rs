@@ -84,7 +84,8 @@ pub fn reject_entry(
     let _ = fsync_dir(&l.rejected());
     let _ = fsync_dir(&l.spool());
     let file = entry.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    write_error_file(w, &err, &file, r)?;
+    // A withdrawal's intent marker goes once its error file is on disk for good.
+    write_error_file(w, &err, &file, r, r.code == RejectionCode::Withdrawn)?;
     tracing::warn!(
         request = name,
         run_id = run.as_ref().map(|(id, _)| id.as_str()),
@@ -102,11 +103,83 @@ pub fn reject_entry(
 }
 
 /// Through the writer: on a full disk the entry is already in rejected/ and
-/// its error file must follow as soon as space returns. Not fsynced: a lost
-/// error file is rewritten at the next start (recover_rejected).
-fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection) -> io::Result<()> {
+/// its error file must follow as soon as space returns. A rejection's is not
+/// fsynced: a lost one is rewritten at the next start (recover_rejected),
+/// whose re-check finds the reason again. A withdrawal's is (`durable`): its
+/// reason is only in its intent marker, removed once the error file is written.
+fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection, durable: bool) -> io::Result<()> {
     let body = json!({"version": 1, "file": file, "code": r.code, "message": r.message, "rejectedAt": crate::now_ms()});
-    w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, false)
+    w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, durable)
+}
+
+/// Name prefix of a withdrawal's intent marker in rejected/:
+/// `.withdrawing-<inode>-<spool name>`, written (and fsynced) by the
+/// withdrawing client before it moves the entry, removed once the entry's
+/// error file is on disk. An entry found in rejected/ without its error file
+/// and with a marker naming its file was withdrawn by a client cut short
+/// after its move (killed, out of space): recovery finishes it as `withdrawn`.
+pub const INTENT_PREFIX: &str = ".withdrawing-";
+
+/// A withdrawal's intent marker, read back.
+pub(super) struct Intent {
+    pub path: PathBuf,
+    /// The entry's name in the spool.
+    pub file: String,
+    pub message: String,
+    pub id: FileId,
+    pub written_ms: i64,
+}
+
+/// Where the intent marker of withdrawing the spool entry `name` (identity `id`) goes.
+pub(super) fn intent_path(l: &Layout, name: &str, id: &FileId) -> PathBuf {
+    l.rejected_entry(&format!("{INTENT_PREFIX}{}-{name}", id.ino))
+}
+
+/// The marker's body: the entry's name, identity and the withdrawal's message.
+pub(super) fn intent_body(name: &str, id: &FileId, message: &str) -> Vec<u8> {
+    let v = json!({
+        "version": 1, "file": name, "message": message, "dev": id.dev, "ino": id.ino,
+        "size": id.size, "mtimeNs": id.mtime_ns.to_string(), "writtenAt": crate::now_ms(),
+    });
+    serde_json::to_vec_pretty(&v).unwrap_or_default()
+}
+
+/// Every intent marker among the `names` of rejected/ that reads back whole.
+pub(super) fn read_intents(l: &Layout, names: &[String]) -> Vec<Intent> {
+    let loose = !crate::platform::inode_numbers_stable(&l.rejected());
+    names
+        .iter()
+        .filter(|n| n.starts_with(INTENT_PREFIX) && !n.ends_with(".tmp"))
+        .filter_map(|n| {
+            let path = l.rejected_entry(n);
+            let v: Value = serde_json::from_slice(&fsutil::read_nofollow(&path, 64 * 1024).ok()?).ok()?;
+            let id = FileId {
+                dev: v["dev"].as_u64()?,
+                ino: v["ino"].as_u64()?,
+                size: v["size"].as_u64()?,
+                mtime_ns: v["mtimeNs"].as_str()?.parse().ok()?,
+                loose,
+            };
+            let file = v["file"].as_str()?.to_string();
+            let message = v["message"].as_str()?.to_string();
+            Some(Intent { path, file, message, id, written_ms: v["writtenAt"].as_i64().unwrap_or(0) })
+        })
+        .collect()
+}
+
+/// The intent whose file `entry` (named `name` in rejected/, metadata `md`) is.
+fn intent_for<'a>(
+    intents: &'a [Intent],
+    l: &Layout,
+    name: &str,
+    entry: &Path,
+    md: &std::fs::Metadata,
+) -> Option<&'a Intent> {
+    let id = FileId::at(entry, md);
+    intents.iter().find(|i| {
+        i.id.same(&id)
+            && (0..1000).any(|n| rejected_names(l, &i.file, n).0.file_name() == Some(std::ffi::OsStr::new(name)))
+    })
 }
 
 pub use crate::store::layout::REJECTED_STAGING_PREFIX as STAGING_PREFIX;
@@ -212,12 +285,33 @@ pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &RunId, body: &Va
 
 /// At start, finish rejections cut short by a crash, for entries moved into
 /// rejected/ since `since_ms`: a missing error file is written again (the
-/// checks are deterministic, so re-checking finds the reason), and a missing
-/// `rejected` run for a body with a valid, unused run id is created.
+/// checks are deterministic, so re-checking finds the reason; a withdrawal's
+/// reason is in its intent marker), and a missing `rejected` run for a body
+/// with a valid, unused run id is created.
 pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms: i64) {
+    settle_rejected(w, l, ctx, Some(since_ms));
+}
+
+/// While the daemon runs (its periodic rescan): finish the withdrawals whose
+/// client was cut short after moving the entry (their intent marker is still
+/// there), e.g. one that gave up on a full disk. Cheap when there is none:
+/// one listing of rejected/.
+pub fn finish_withdrawals(w: &mut Writer, l: &Layout, ctx: &dyn Context) {
+    settle_rejected(w, l, ctx, None);
+}
+
+/// `since_ms` Some: every entry moved in since then (start-up); None: only
+/// the entries of intent markers.
+fn settle_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms: Option<i64>) {
     let Ok(rd) = std::fs::read_dir(l.rejected()) else { return };
     let names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+    let intents = read_intents(l, &names);
+    if since_ms.is_none() && intents.is_empty() {
+        return;
+    }
     let set: std::collections::HashSet<&String> = names.iter().collect();
+    // Markers whose entry is settled (or was never moved) go at the end.
+    let mut matched: Vec<&Path> = Vec::new();
     for name in &names {
         if name.starts_with('.') || name.ends_with(ERROR_FILE_SUFFIX) {
             continue;
@@ -225,8 +319,10 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
         let stem = name.strip_suffix(".json").unwrap_or(name);
         let (entry, err) = (l.rejected_entry(name), format!("{stem}{ERROR_FILE_SUFFIX}"));
         let Ok(md) = std::fs::symlink_metadata(&entry) else { continue };
+        let intent = if intents.is_empty() { None } else { intent_for(&intents, l, name, &entry, &md) };
         // The rename into rejected/ set the ctime: older entries were settled by an earlier start.
-        if md.ctime() * 1000 + md.ctime_nsec() / 1_000_000 < since_ms || err.len() > 255 {
+        let fresh = since_ms.is_some_and(|s| md.ctime() * 1000 + md.ctime_nsec() / 1_000_000 >= s);
+        if !(fresh || intent.is_some()) || err.len() > 255 {
             continue;
         }
         // A client withdrawing this entry (`withdraw`) holds its lock from the
@@ -239,7 +335,8 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
             },
             _ => None,
         };
-        let r = if set.contains(&err) || l.rejected_entry(&err).exists() {
+        let has_error_file = set.contains(&err) || l.rejected_entry(&err).exists();
+        let r = if has_error_file {
             match fsutil::read_nofollow(&l.rejected_entry(&err), 64 * 1024)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
@@ -252,8 +349,12 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
                 None => continue,
             }
         } else {
-            let r = recheck(&entry, name, ctx);
-            match write_error_file(w, &l.rejected_entry(&err), name, &r) {
+            // A withdrawal cut short after its move: its marker says so, and why.
+            let r = match intent {
+                Some(i) => Rejection::new(RejectionCode::Withdrawn, i.message.clone()),
+                None => recheck(&entry, name, l, ctx),
+            };
+            match write_error_file(w, &l.rejected_entry(&err), name, &r, intent.is_some()) {
                 Ok(()) => tracing::info!(request = %name, code = r.code.as_str(), "wrote the missing rejection file"),
                 Err(e) => {
                     tracing::warn!(request = %name, error = %e, "could not write a missing rejection file");
@@ -262,26 +363,68 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
             }
             r
         };
-        if r.code == RejectionCode::DuplicateRunId || check_entry(&entry, &md).is_err() {
-            continue;
+        let finished = finish_rejected_run(w, l, name, &entry, &md, &r);
+        if let Some(i) = intent {
+            // Its error file is on disk (the writer holds nothing for it) and its run made.
+            if finished && w.pending_for(&l.rejected_entry(&err)).is_none() {
+                matched.push(&i.path);
+            }
         }
-        let Ok(raw) = fsutil::read_nofollow(&entry, MAX_REQUEST_BYTES + 1) else { continue };
-        let Ok(body) = serde_json::from_slice::<Value>(&raw) else { continue };
-        let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse)
-        else {
-            continue;
-        };
-        if std::fs::symlink_metadata(l.run_dir(&id)).is_ok() {
-            continue; // taken (a run, or anything else): never written through
-        }
-        match rejected_run(w, l, &id, &body, &r) {
-            Ok(()) => tracing::info!(run_id = %id, request = %name, "created the missing rejected run"),
-            Err(e) => tracing::warn!(run_id = %id, error = %e, "could not create the missing rejected run"),
+    }
+    // A marker with no entry in rejected/ is a withdrawal cut short before its
+    // move (the request stayed in the spool and is claimed as usual); the
+    // minute's grace spares a client between its marker and its move.
+    let now = crate::now_ms();
+    let unmoved = intents.iter().filter(|i| {
+        now - i.written_ms > 60_000
+            && !names.iter().any(|n| {
+                !n.starts_with('.') && {
+                    let p = l.rejected_entry(n);
+                    std::fs::symlink_metadata(&p).is_ok_and(|m| FileId::at(&p, &m).same(&i.id))
+                }
+            })
+    });
+    for p in matched.into_iter().map(Path::to_path_buf).chain(unmoved.map(|i| i.path.clone())) {
+        if let Err(e) = std::fs::remove_file(&p) {
+            tracing::warn!(path = %p.display(), error = %e, "could not remove a settled withdrawal's intent marker");
         }
     }
 }
 
-fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
+/// The `rejected` run of a rejected entry whose body names a valid run id no
+/// run has: made if missing. False when it could not be made now.
+fn finish_rejected_run(
+    w: &mut Writer,
+    l: &Layout,
+    name: &str,
+    entry: &Path,
+    md: &std::fs::Metadata,
+    r: &Rejection,
+) -> bool {
+    if r.code == RejectionCode::DuplicateRunId || check_entry(entry, md).is_err() {
+        return true;
+    }
+    let Ok(raw) = fsutil::read_nofollow(entry, MAX_REQUEST_BYTES + 1) else { return false };
+    let Ok(body) = serde_json::from_slice::<Value>(&raw) else { return true };
+    let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse) else {
+        return true;
+    };
+    if std::fs::symlink_metadata(l.run_dir(&id)).is_ok() {
+        return true; // taken (a run, or anything else): never written through
+    }
+    match rejected_run(w, l, &id, &body, r) {
+        Ok(()) => {
+            tracing::info!(run_id = %id, request = %name, "created the missing rejected run");
+            w.is_idle()
+        }
+        Err(e) => {
+            tracing::warn!(run_id = %id, error = %e, "could not create the missing rejected run");
+            false
+        }
+    }
+}
+
+fn recheck(path: &Path, name: &str, l: &Layout, ctx: &dyn Context) -> Rejection {
     let unknown = || {
         Rejection::new(
             RejectionCode::InvalidJson,
@@ -301,9 +444,14 @@ fn recheck(path: &Path, name: &str, ctx: &dyn Context) -> Rejection {
     let Ok(raw) = fsutil::read_nofollow(path, MAX_REQUEST_BYTES + 1) else { return unknown() };
     match request::parse(&raw).and_then(|v| request::validate(&raw, &v, ctx)) {
         Err(r) => r,
+        // A valid request is refused only for a run id already taken: with no
+        // run of that id, it was moved here for another reason (a withdrawal
+        // cut short by a client older than intent markers), now unknown.
         Ok(req) => match req.run_id {
-            Some(id) => Rejection::new(RejectionCode::DuplicateRunId, format!("run id `{id}` was already used")),
-            None => unknown(),
+            Some(id) if RunId::parse(&id).is_some_and(|id| std::fs::symlink_metadata(l.run_dir(&id)).is_ok()) => {
+                Rejection::new(RejectionCode::DuplicateRunId, format!("run id `{id}` was already used"))
+            }
+            _ => unknown(),
         },
     }
 }

@@ -13,7 +13,7 @@ use crate::store::fsutil::{self};
 use crate::store::{Layout, Writer};
 
 use super::check_entry;
-use super::reject::{reject_entry, rejected_names};
+use super::reject::{intent_body, intent_path, reject_entry, rejected_names};
 use super::{classify_name, same_file, FileId, Name};
 
 /// What [`withdraw`] did.
@@ -21,8 +21,10 @@ use super::{classify_name, same_file, FileId, Name};
 pub enum Withdrawal {
     /// Moved to `entry` in rejected/ (code `withdrawn`, with its error file,
     /// and a `rejected` run when the body named a valid, unused run id): it
-    /// never runs.
-    Withdrawn { entry: PathBuf, run_id: Option<crate::store::RunId> },
+    /// never runs. `unfinished`: why its error file or run could not be
+    /// written yet (a full disk); its intent marker stays, and the daemon
+    /// finishes it (at its next start, or its next rescan when running).
+    Withdrawn { entry: PathBuf, run_id: Option<crate::store::RunId>, unfinished: Option<String> },
     /// No longer in the spool, or no longer the same file: the daemon (or
     /// another client) settled it first; look for its run or its rejection.
     Gone,
@@ -40,6 +42,13 @@ pub enum Withdrawal {
 /// rename under that lock, so exactly one of them happens and each side sees
 /// which: a claim that opened the file first finds the name gone at its
 /// commit and claims nothing.
+///
+/// Crash-safe: before the move, an intent marker (`reject::INTENT_PREFIX`)
+/// naming the file and the message is on disk, so an entry found in rejected/
+/// without its error file is finished as `withdrawn`, never re-checked into
+/// another code. What is reported comes from where the entry is, not from
+/// whichever step failed: an error after the move is a withdrawal (with what
+/// is left `unfinished`), one before it withdrew nothing.
 pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal> {
     if classify_name(name) != Name::Candidate {
         return Err(io::Error::new(
@@ -88,40 +97,75 @@ pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal>
     for d in [l.rejected(), l.runs(), l.terminal()] {
         fsutil::mkdir_private_all(&d)?;
     }
+    let intent = intent_path(l, name, &seen);
+    write_intent(&intent, &intent_body(name, &seen, message))?;
+    let forget_intent = || {
+        let _ = std::fs::remove_file(&intent);
+    };
     let mut w = Writer::new();
     let r = Rejection::new(RejectionCode::Withdrawn, message.to_string());
     let run = run_id.clone().zip(body);
-    if !reject_entry(&mut w, l, &path, name, &r, run, Some(seen))? {
-        return Ok(Withdrawal::Gone);
+    let mut unfinished = None;
+    match reject_entry(&mut w, l, &path, name, &r, run, Some(seen)) {
+        Ok(true) => {}
+        Ok(false) => {
+            forget_intent();
+            return Ok(Withdrawal::Gone);
+        }
+        // Where the entry is says what happened, not the error.
+        Err(e) if find_entry(l, name, &seen).is_some() => unfinished = Some(e.to_string()),
+        Err(e) => {
+            forget_intent();
+            return Err(e);
+        }
     }
     // The error file and the rejected run wait out a full disk like the daemon's.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !w.flush() {
+    while unfinished.is_none() && !w.flush() {
         if std::time::Instant::now() > deadline {
-            return Err(io::Error::other(format!(
-                "withdrew {name} but could not write its error file in {} for a full minute ({}); free some space",
+            unfinished = Some(format!(
+                "its error file in {} could not be written for a full minute ({})",
                 l.rejected().display(),
                 w.last_error.clone().unwrap_or_default()
-            )));
+            ));
+        } else {
+            std::thread::sleep(std::time::Duration::from_secs(1));
         }
-        std::thread::sleep(std::time::Duration::from_secs(1));
     }
-    let (entry, err) = (0..1000)
-        .map(|n| rejected_names(l, name, n))
-        .find(|(p, _)| std::fs::symlink_metadata(p).is_ok_and(|m| FileId::at(p, &m).same(&seen)))
-        .unwrap_or_else(|| rejected_names(l, name, 0));
-    // Barrier: the error file is durable before the client is told the
-    // request was withdrawn. The move itself was made durable by
-    // `reject_entry`; a lost error file would be rewritten at the next daemon
-    // start, but by re-checking the request, which cannot tell `withdrawn`.
-    fsutil::open_read(&err).and_then(|f| f.sync_all()).and_then(|()| fsutil::fsync_dir(&l.rejected())).map_err(
-        |e| {
-            io::Error::new(
-                e.kind(),
-                format!("withdrew {name}, but could not make {} durable ({e}); check the file system", err.display()),
-            )
-        },
-    )?;
+    let entry = find_entry(l, name, &seen).unwrap_or_else(|| l.rejected_entry(name));
+    if unfinished.is_none() {
+        forget_intent();
+    }
     drop(file);
-    Ok(Withdrawal::Withdrawn { entry, run_id })
+    Ok(Withdrawal::Withdrawn { entry, run_id, unfinished })
+}
+
+/// The entry in rejected/ that the spool's `name` (the file `seen`) was moved to.
+fn find_entry(l: &Layout, name: &str, seen: &FileId) -> Option<PathBuf> {
+    (0..1000)
+        .map(|n| rejected_names(l, name, n).0)
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| FileId::at(p, &m).same(seen)))
+}
+
+/// The intent marker, on disk for good before the entry moves; a full disk
+/// is waited out for a minute, then nothing is withdrawn.
+fn write_intent(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match fsutil::write_atomic(path, bytes, true) {
+            Ok(()) => return Ok(()),
+            Err(e) if fsutil::is_capacity(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_secs(1))
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                    "nothing was withdrawn: cannot record the withdrawal in {} ({e}); free some space and try again",
+                    path.display()
+                ),
+                ))
+            }
+        }
+    }
 }
