@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TRACED: &str = "trace=?rename,renameat,renameat2,fsync,fdatasync,?mkdir,mkdirat,openat,?unlink,unlinkat";
+const TRACED: &str = "trace=?rename,renameat,renameat2,fsync,fdatasync,?mkdir,mkdirat,openat,?unlink,unlinkat,execve";
 
 /// strace usable here (installed, and allowed to trace)? Else the reason.
 fn strace_missing() -> Option<String> {
@@ -232,6 +232,21 @@ fn claim_rejection_and_terminal_write_are_ordered_by_fsyncs() {
     t.before(status_synced, marker, "status.json's data is durable before the active marker");
     let entry_synced = t.find(Some(status_synced), "fsync of the run directory after status.json", |c| c.fsyncs(&dir));
     t.before(entry_synced, marker, "status.json's entry is durable before the active marker");
+
+    // The runner's first `running` write is durable before the step starts:
+    // a power loss must never bring a started run back as `queued`.
+    let running = t.find(Some(queued), "the running status rename", |c| c.renames_to(&status));
+    let running_temp = PathBuf::from(&t.calls[running].paths()[0]);
+    assert!(
+        (queued..running).any(|i| t.calls[i].fsyncs(&running_temp)),
+        "the running status is fsynced before its rename ({})",
+        t.kept()
+    );
+    let step = t.find(Some(running), "the step's exec", |c| {
+        c.name == "execve" && c.ok() && c.paths().first().is_some_and(|p| p.ends_with("/sleep") || p == "sleep")
+    });
+    let running_dir_synced = t.find(Some(running), "fsync of the run directory after `running`", |c| c.fsyncs(&dir));
+    t.before(running_dir_synced, step, "the running status is durable before the step starts");
 
     // Terminal write (runner): status fsynced (temp, then directory), result
     // renamed public and the results directory fsynced, then the terminal marker.

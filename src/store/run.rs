@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::fsutil::{self, is_capacity};
 use super::layout::RunPaths;
 use super::{RunId, Writer};
-use crate::protocol::status::Status;
+use crate::protocol::status::{State, Status};
 
 /// Whose run a directory is (PROTOCOL §14). runspool supervises only runs it
 /// launched; every other run under the root (a pi-subagents host's) is
@@ -139,7 +139,11 @@ pub fn update_status(
         return Ok(base);
     }
     new.last_update = crate::now_ms().max(new.last_update.saturating_add(1));
-    let durable = !new.state.is_active();
+    // Terminal states are durable (PROTOCOL §11), and so is the first
+    // `running`: a power loss must never bring a started run back as
+    // `queued`, to be started a second time (docs/durability.md).
+    let starting = base.as_ref().is_some_and(|b| b.state == State::Queued) && new.state == State::Running;
+    let durable = !new.state.is_active() || starting;
     let bytes = serde_json::to_vec_pretty(&new).map_err(io::Error::other)?;
     w.write(&path, bytes, durable)?;
     drop(lock);
