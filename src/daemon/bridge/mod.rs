@@ -21,8 +21,9 @@ use super::watch::Watch;
 use crate::config::Config;
 use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
 use crate::providers::{self, Provider, Providers};
+use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
-use crate::store::layout::{ClaimPaths, RunPaths, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
+use crate::store::layout::{ClaimPaths, RunPaths, BRIDGE_REQUESTS, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
 use crate::store::{Layout, RunId, Writer};
 
 pub use crate::store::layout::{BRIDGE_REQUESTS as REQUESTS, BRIDGE_RESPONSES as RESPONSES};
@@ -242,8 +243,12 @@ impl Bridge {
             }
             _ => {}
         }
-        let rd = match std::fs::read_dir(&reqdir) {
-            Ok(rd) => rd,
+        // Listed through descriptors opened O_NOFOLLOW|O_DIRECTORY from the
+        // run directory down: a directory swapped for a link since the checks
+        // above is not listed.
+        let listed = DirFd::open(&dir).and_then(|d| d.open_sub(BRIDGE_REQUESTS)).and_then(|d| Ok(Listing::of(&d)?));
+        let listing = match listed {
+            Ok(l) => l,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
             Err(e) => {
                 tracing::warn!(run_id, error = %e, path = %reqdir.display(), "cannot list bridge requests");
@@ -253,7 +258,7 @@ impl Bridge {
         if self.watched.insert(run_id.to_string()) {
             watch.add(&reqdir);
         }
-        let Listing { requests, mut claims, tmps } = Listing::of(rd);
+        let Listing { requests, mut claims, tmps } = listing;
         let mut taken = 0;
         let mut left = 0;
         let mut capped = false;
@@ -555,10 +560,9 @@ struct Listing {
 }
 
 impl Listing {
-    fn of(rd: std::fs::ReadDir) -> Listing {
+    fn of(d: &DirFd) -> io::Result<Listing> {
         let mut l = Listing { requests: Vec::new(), claims: Vec::new(), tmps: Vec::new() };
-        for e in rd.flatten() {
-            let Ok(name) = e.file_name().into_string() else { continue };
+        for name in d.names()? {
             if name.starts_with('.') {
                 continue;
             }
@@ -566,17 +570,17 @@ impl Listing {
                 if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
                     l.requests.push(stem.to_string());
                 }
-            } else if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            } else if !d.kind(&name).is_ok_and(|k| k == Kind::Dir) {
                 // A claim is a directory of ours; a file or a symlink (to a
                 // directory anywhere) by that name is none: never answered,
                 // never written through.
             } else if let Some(stem) = name.strip_suffix(CLAIM_SUFFIX) {
                 l.claims.push(stem.to_string());
             } else if name.contains(CLAIM_TMP_INFIX) {
-                l.tmps.push(e.path());
+                l.tmps.push(d.path().join(&name));
             }
         }
-        l
+        Ok(l)
     }
 }
 
