@@ -647,6 +647,63 @@ fn pi_reads_runspool_runs() {
     env.check_consistency();
 }
 
+/// pi 0.67's own lookups by tool call (`resultFilesForToolCall`) and by run
+/// (`resultPayloadPathForIndexedRun`) find a finished runspool run's result,
+/// which carries the run's `toolCallId` and its first step's `agent`; a run
+/// without a tool call is found by run. `runspool rm` takes every index
+/// entry away with the result.
+#[test]
+fn pi_finds_runspool_results_by_tool_call_and_by_run() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    let (id, bare) = ("rs-indexed", "rs-indexed-no-call");
+    let req = runspool_request(&env, id, "sess-i", vec![sh_step("first", "echo one"), sh_step("second", "echo two")]);
+    let tool_call = req["toolCallId"].as_str().unwrap().to_string();
+    env.submit(&req);
+    let mut req = runspool_request(&env, bare, "sess-i", vec![sh_step("only", "true")]);
+    req.as_object_mut().unwrap().remove("toolCallId");
+    env.submit(&req);
+    env.wait_terminal(id);
+    env.wait_terminal(bare);
+
+    let result = env.result(id).expect("result file");
+    assert_eq!(result["toolCallId"], json!(tool_call), "{result:#}");
+    assert_eq!(result["agent"], "first", "{result:#}");
+    let result = env.result(bare).expect("result file");
+    assert!(result.get("toolCallId").is_none(), "a run without a tool call got one: {result:#}");
+    assert_eq!(result["agent"], "only", "{result:#}");
+
+    let files = pi.ok(&env, "resultFilesForToolCall", json!({"resultsDir": env.results(), "toolCallId": tool_call}));
+    assert_eq!(files, json!([format!("{id}.json")]), "pi's lookup by tool call");
+    for run in [id, bare] {
+        let path = pi.ok(&env, "resultPayloadPathForIndexedRun", json!({"resultsDir": env.results(), "runId": run}));
+        assert_eq!(path, json!(env.result_path(run)), "pi's lookup by run id of {run}");
+    }
+    // The entries are those pi writes for a result of its own: same content in each.
+    let name = format!("{}.json", seg250(id));
+    let by_session = read_json(&env.results().join("result-index/sessions").join(seg("sess-i")).join(&name));
+    let by_run = read_json(&env.results().join("result-index/runs").join(&name));
+    let by_call = read_json(&env.results().join("result-index/tool-calls").join(seg(&tool_call)).join(&name));
+    assert!(by_session.is_some(), "no session index entry");
+    assert_eq!(by_run, by_session, "the run index entry differs from the session one");
+    assert_eq!(by_call, by_session, "the tool-call index entry differs from the session one");
+
+    let out = env.cli(&["rm", id, bare]);
+    assert!(out.status.success(), "runspool rm:\n{}", describe(&out));
+    let files = pi.ok(&env, "resultFilesForToolCall", json!({"resultsDir": env.results(), "toolCallId": tool_call}));
+    assert_eq!(files, json!([]), "pi still finds a removed run by its tool call");
+    for run in [id, bare] {
+        let path = pi.ok(&env, "resultPayloadPathForIndexedRun", json!({"resultsDir": env.results(), "runId": run}));
+        assert_eq!(path, Value::Null, "pi still finds removed run {run}");
+        assert!(!env.results().join("result-index/runs").join(format!("{}.json", seg250(run))).exists());
+    }
+    assert!(
+        !env.results().join("result-index/tool-calls").join(seg(&tool_call)).exists(),
+        "the tool call's index directory stayed"
+    );
+}
+
 /// pi's stale-run reconciler leaves a live runspool run alone.
 #[test]
 fn pi_reconcile_leaves_a_live_runspool_run_running() {

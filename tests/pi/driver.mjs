@@ -154,6 +154,15 @@ const actions = {
 		const { resultPayloadPathForSessionRun } = await pi("src/runs/background/result-files.ts");
 		return resultPayloadPathForSessionRun(a.resultsDir, a.sessionId, a.runId) ?? null;
 	},
+	// Result files indexed under a tool call (bare names, as pi reads them).
+	async resultFilesForToolCall(a) {
+		const { resultFilesForToolCall } = await pi("src/runs/background/result-files.ts");
+		return resultFilesForToolCall(a.resultsDir, a.toolCallId);
+	},
+	async resultPayloadPathForIndexedRun(a) {
+		const { resultPayloadPathForIndexedRun } = await pi("src/runs/background/result-files.ts");
+		return resultPayloadPathForIndexedRun(a.resultsDir, a.runId) ?? null;
+	},
 	async reconcileAsyncRun(a) {
 		const { reconcileAsyncRun } = await pi("src/runs/background/stale-run-reconciler.ts");
 		return reconcileAsyncRun(a.asyncDir, { resultsDir: a.resultsDir });
