@@ -727,6 +727,96 @@ fn pi_reconcile_leaves_a_live_runspool_run_running() {
     assert_eq!(env.state(id).as_deref(), Some("running"));
 }
 
+/// Pids of live processes whose environment holds `RUNSPOOL_RUN_ID=<run_id>`.
+fn processes_of_run(run_id: &str) -> Vec<i64> {
+    let needle = format!("RUNSPOOL_RUN_ID={run_id}");
+    let mut out = vec![];
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i64>().ok()) else { continue };
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && process_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True once no process has `pid` any more (a zombie still answers kill 0).
+fn pid_gone(pid: i64) -> bool {
+    unsafe { libc::kill(pid as libc::pid_t, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+}
+
+/// A runspool run whose runner and daemon were SIGKILLed, then failed by pi
+/// 0.67's own stale-run reconciler: the next daemon kills its step
+/// processes (a `sleep 300` and its background sibling) and cancels its
+/// live external job through the configured provider, keeps the status pi
+/// wrote byte for byte, and says what it did in a
+/// `subagent.run.leftovers_cleaned` event and a log line naming the run.
+#[test]
+fn leftovers_of_a_runspool_run_pi_ended_are_cleaned_up_and_its_status_kept() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    let engine = Engine::configure(&env);
+    env.start_daemon();
+    let id = "rs-ended-by-pi";
+    let remote = json!({"agent": "remote", "externalJob": {"provider": "engine", "prompt": "echo hi", "options": {}}});
+    let steps = vec![parallel(vec![sh_step("sleeper", "sleep 300 & sleep 300"), remote], None)];
+    env.submit(&runspool_request(&env, id, "sess-p", steps));
+    let mut st = Value::Null;
+    wait_until(LONG, "the step to run and the external job to be started", || {
+        st = env.status(id).unwrap_or(Value::Null);
+        st["steps"][0]["pid"].is_i64()
+            && st["steps"][1]["externalJob"]["providerJobId"].is_string()
+            && processes_of_run(id).len() >= 2
+    });
+    let job = st["steps"][1]["externalJob"]["providerJobId"].as_str().unwrap().to_string();
+    let runner = st["pid"].as_i64().unwrap();
+    env.kill9();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    wait_until(LONG, "the runner to be gone", || pid_gone(runner));
+    let left = processes_of_run(id);
+    assert!(!left.is_empty(), "the step processes died with their runner: nothing to clean up");
+
+    // No runspool daemon: a pi host reconciles the run as stale.
+    let r = pi.ok(&env, "reconcileAsyncRun", json!({"asyncDir": env.run_dir(id), "resultsDir": env.results()}));
+    assert_eq!(r["repaired"], true, "{r}");
+    assert_eq!(r["status"]["state"], "failed", "{r}");
+    let status_path = env.run_dir(id).join("status.json");
+    let written_by_pi = file_bytes(&status_path);
+    assert!(env.active_dir().join(id).symlink_metadata().is_err(), "pi left the active marker");
+    assert!(engine.calls().iter().all(|(op, _)| op != "cancel"), "{:?}", engine.calls());
+
+    env.start_daemon();
+    wait_until(Duration::from_secs(120), "every process of the run pi ended to be killed", || {
+        processes_of_run(id).is_empty()
+    });
+    wait_until(LONG, "the live external job to be cancelled", || {
+        engine.calls().iter().any(|(op, input)| op == "cancel" && input.contains(&job))
+    });
+    wait_until(LONG, "the leftovers_cleaned event", || {
+        env.event_types(id).iter().any(|t| t == "subagent.run.leftovers_cleaned")
+    });
+    let ev = env.events(id).into_iter().find(|e| e["type"] == "subagent.run.leftovers_cleaned").unwrap();
+    assert_eq!(ev["runId"], id, "{ev}");
+    assert!(ev["pids"].as_array().is_some_and(|p| !p.is_empty()), "{ev}");
+    assert_eq!(ev["externalJobs"][0]["providerJobId"], json!(job), "{ev}");
+    assert!(
+        env.log_tail(400).lines().any(|l| l.contains(id) && l.contains("leftovers")),
+        "no log line names the run:\n{}",
+        env.log_tail(60)
+    );
+    assert_eq!(file_bytes(&status_path), written_by_pi, "runspool rewrote the status pi wrote");
+    // Not again: neither on rescans nor after a restart.
+    wait_rescans(&env, 2);
+    env.restart();
+    wait_rescans(&env, 2);
+    assert_eq!(engine.calls().iter().filter(|(op, _)| op == "cancel").count(), 1, "{:?}", engine.calls());
+    assert_eq!(env.event_types(id).iter().filter(|t| *t == "subagent.run.leftovers_cleaned").count(), 1);
+    assert_eq!(file_bytes(&status_path), written_by_pi, "runspool rewrote the status pi wrote");
+}
+
 /// pi's own stop request (control/stop-requests/) stops a runspool run.
 #[test]
 fn pi_stop_request_stops_a_runspool_run() {
