@@ -570,6 +570,69 @@ fn runspool_list_keeps_terminal_markers_of_partial_and_workflow_pi_runs() {
     assert_same(&before, &snapshot(&env, &ids, &[]), "after every form of `runspool list`");
 }
 
+/// pi 0.67's own retention pass (`cleanupAsyncRetention`) beside a live
+/// daemon. pi removes its old runs and runspool's alike (the limit
+/// docs/protocol-notes.md describes), keeps a run whose recheck fails by
+/// renaming its tombstone back, and leaves a tombstone of a pass cut short;
+/// runspool's daemon (rescans, restarts), its retention sweep and `runspool
+/// clean` then leave pi's kept run, tombstone, tombstone marker and
+/// maintenance files byte for byte.
+#[test]
+fn pi_retention_beside_a_live_daemon_keeps_pis_tombstones_and_kept_runs() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    env.submit(&runspool_request(&env, "rs-old", "sess-ret", vec![sh_step("a", "true")]));
+    env.wait_terminal("rs-old");
+    for id in ["pi-ret-gone", "pi-ret-kept"] {
+        pi.write_run(&env, id, "pi-session-ret", "complete", "chain", None);
+    }
+    let day = 86_400_000i64;
+    let r = pi.ok(
+        &env,
+        "cleanupAsyncRetention",
+        json!({"asyncDirRoot": env.runs(), "resultsDir": env.results(), "nowOffsetMs": 40 * day, "waitOnRunId": "pi-ret-kept"}),
+    );
+    assert_eq!(r["acquired"], true, "{r}");
+    assert!(r["skipped"]["recheck-wait-reference"].as_i64() == Some(1), "the recheck path was not taken: {r}");
+    assert!(!env.run_dir("pi-ret-gone").exists(), "pi's pass did not remove its old run: {r}");
+    assert!(
+        !env.run_dir("rs-old").exists(),
+        "pi's pass no longer removes runspool's old runs; fix docs/protocol-notes.md: {r}"
+    );
+    assert!(env.run_dir("pi-ret-kept").join("status.json").is_file(), "pi's kept run is gone: {r}");
+    pi.write_run(&env, "pi-ret-tomb", "pi-session-ret", "complete", "chain", None);
+    let t = pi.ok(&env, "leaveRunTombstone", json!({"asyncDirRoot": env.runs(), "runId": "pi-ret-tomb"}));
+    let tomb = PathBuf::from(t["tombstonePath"].as_str().unwrap());
+    let marker = PathBuf::from(t["marker"].as_str().unwrap());
+
+    let pis = |env: &TestEnv| {
+        let mut s = snapshot(env, &["pi-ret-kept"], &["rs-old"]);
+        for p in [
+            &tomb,
+            &marker,
+            &env.root.join("wait-subscriptions"),
+            &env.root.join("async-retention-maintenance.jsonl"),
+            &env.root.join(".async-retention-cursor.json"),
+        ] {
+            snap_into(&env.root, p, &|_| false, &mut s);
+        }
+        s
+    };
+    let before = pis(&env);
+    assert!(before.keys().any(|k| k.contains(".deleting-run-")), "{before:?}");
+    wait_rescans(&env, 2);
+    runspool::daemon::retention::sweep(&runspool::store::Layout::new(&env.root), 30);
+    let out = env.cli(&["clean"]);
+    assert!(out.status.success(), "runspool clean:\n{}", describe(&out));
+    env.restart();
+    wait_rescans(&env, 2);
+    env.term();
+    env.start_daemon();
+    wait_rescans(&env, 2);
+    assert_same(&before, &pis(&env), "beside a live daemon, its retention sweep and `runspool clean`");
+}
+
 // ---------------------------------------------------------------------------
 // Direction B: runspool writes, pi 0.67 reads and controls
 // ---------------------------------------------------------------------------
