@@ -313,3 +313,38 @@ fn pi_retention_tombstones_are_left_alone() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(snapshot(&[tomb, markers]), before, "a pi tombstone was touched");
 }
+
+/// Every pi-subagents 0.67 host removes finished runs older than 30 days
+/// under the root, runspool's included: `runspool doctor` warns when
+/// `retention_days` asks for more (or for 0, keep everything) on a root
+/// that pi hosts use (it holds a run one launched), and only then.
+#[test]
+fn doctor_warns_that_pi_hosts_remove_runs_older_than_30_days() {
+    for (days, pi_run, want) in
+        [(0, true, "warn"), (90, true, "warn"), (30, true, "ok"), (7, true, "ok"), (0, false, "ok")]
+    {
+        let env = TestEnv::with_config(&format!("retention_days = {days}\n"));
+        // One of runspool's own runs is there in every case: it is not a pi host's.
+        let own = env.run_dir("rs-own");
+        mkdir_0700(&own);
+        write_file_mode(&own.join("request.json"), b"{}", 0o600);
+        let status = pi_status("rs-own", "complete", "chain", None, Some(now_ms()));
+        write_file_mode(&own.join("status.json"), status.to_string().as_bytes(), 0o600);
+        if pi_run {
+            write_pi_run(&env, "pi-kept", pi_status("pi-kept", "complete", "chain", None, Some(now_ms())), false);
+        }
+        let config = env.config_path.to_str().unwrap().to_string();
+        let o = env.cli(&["doctor", "--json", "--config", &config]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+        let check = v["checks"].as_array().and_then(|a| a.iter().find(|c| c["check"] == "retention")).cloned();
+        let check = check.unwrap_or_else(|| panic!("no retention check: {}", describe(&o)));
+        assert_eq!(check["level"], want, "retention_days = {days}, pi run {pi_run}: {check}");
+        let detail = check["detail"].as_str().unwrap_or("");
+        if want == "warn" {
+            for needle in ["pi-kept", "30 days", "retention_days"] {
+                assert!(detail.contains(needle), "the warning does not say {needle:?}: {detail}");
+            }
+            assert!(!detail.contains("rs-own"), "runspool's own run was taken for a pi host's: {detail}");
+        }
+    }
+}

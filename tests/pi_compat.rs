@@ -570,6 +570,69 @@ fn runspool_list_keeps_terminal_markers_of_partial_and_workflow_pi_runs() {
     assert_same(&before, &snapshot(&env, &ids, &[]), "after every form of `runspool list`");
 }
 
+/// pi 0.67's own retention pass (`cleanupAsyncRetention`) beside a live
+/// daemon. pi removes its old runs and runspool's alike (the limit
+/// docs/protocol-notes.md describes), keeps a run whose recheck fails by
+/// renaming its tombstone back, and leaves a tombstone of a pass cut short;
+/// runspool's daemon (rescans, restarts), its retention sweep and `runspool
+/// clean` then leave pi's kept run, tombstone, tombstone marker and
+/// maintenance files byte for byte.
+#[test]
+fn pi_retention_beside_a_live_daemon_keeps_pis_tombstones_and_kept_runs() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    env.submit(&runspool_request(&env, "rs-old", "sess-ret", vec![sh_step("a", "true")]));
+    env.wait_terminal("rs-old");
+    for id in ["pi-ret-gone", "pi-ret-kept"] {
+        pi.write_run(&env, id, "pi-session-ret", "complete", "chain", None);
+    }
+    let day = 86_400_000i64;
+    let r = pi.ok(
+        &env,
+        "cleanupAsyncRetention",
+        json!({"asyncDirRoot": env.runs(), "resultsDir": env.results(), "nowOffsetMs": 40 * day, "waitOnRunId": "pi-ret-kept"}),
+    );
+    assert_eq!(r["acquired"], true, "{r}");
+    assert!(r["skipped"]["recheck-wait-reference"].as_i64() == Some(1), "the recheck path was not taken: {r}");
+    assert!(!env.run_dir("pi-ret-gone").exists(), "pi's pass did not remove its old run: {r}");
+    assert!(
+        !env.run_dir("rs-old").exists(),
+        "pi's pass no longer removes runspool's old runs; fix docs/protocol-notes.md: {r}"
+    );
+    assert!(env.run_dir("pi-ret-kept").join("status.json").is_file(), "pi's kept run is gone: {r}");
+    pi.write_run(&env, "pi-ret-tomb", "pi-session-ret", "complete", "chain", None);
+    let t = pi.ok(&env, "leaveRunTombstone", json!({"asyncDirRoot": env.runs(), "runId": "pi-ret-tomb"}));
+    let tomb = PathBuf::from(t["tombstonePath"].as_str().unwrap());
+    let marker = PathBuf::from(t["marker"].as_str().unwrap());
+
+    let pis = |env: &TestEnv| {
+        let mut s = snapshot(env, &["pi-ret-kept"], &["rs-old"]);
+        for p in [
+            &tomb,
+            &marker,
+            &env.root.join("wait-subscriptions"),
+            &env.root.join("async-retention-maintenance.jsonl"),
+            &env.root.join(".async-retention-cursor.json"),
+        ] {
+            snap_into(&env.root, p, &|_| false, &mut s);
+        }
+        s
+    };
+    let before = pis(&env);
+    assert!(before.keys().any(|k| k.contains(".deleting-run-")), "{before:?}");
+    wait_rescans(&env, 2);
+    runspool::daemon::retention::sweep(&runspool::store::Layout::new(&env.root), 30);
+    let out = env.cli(&["clean"]);
+    assert!(out.status.success(), "runspool clean:\n{}", describe(&out));
+    env.restart();
+    wait_rescans(&env, 2);
+    env.term();
+    env.start_daemon();
+    wait_rescans(&env, 2);
+    assert_same(&before, &pis(&env), "beside a live daemon, its retention sweep and `runspool clean`");
+}
+
 // ---------------------------------------------------------------------------
 // Direction B: runspool writes, pi 0.67 reads and controls
 // ---------------------------------------------------------------------------
@@ -647,6 +710,63 @@ fn pi_reads_runspool_runs() {
     env.check_consistency();
 }
 
+/// pi 0.67's own lookups by tool call (`resultFilesForToolCall`) and by run
+/// (`resultPayloadPathForIndexedRun`) find a finished runspool run's result,
+/// which carries the run's `toolCallId` and its first step's `agent`; a run
+/// without a tool call is found by run. `runspool rm` takes every index
+/// entry away with the result.
+#[test]
+fn pi_finds_runspool_results_by_tool_call_and_by_run() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.start_daemon();
+    let (id, bare) = ("rs-indexed", "rs-indexed-no-call");
+    let req = runspool_request(&env, id, "sess-i", vec![sh_step("first", "echo one"), sh_step("second", "echo two")]);
+    let tool_call = req["toolCallId"].as_str().unwrap().to_string();
+    env.submit(&req);
+    let mut req = runspool_request(&env, bare, "sess-i", vec![sh_step("only", "true")]);
+    req.as_object_mut().unwrap().remove("toolCallId");
+    env.submit(&req);
+    env.wait_terminal(id);
+    env.wait_terminal(bare);
+
+    let result = env.result(id).expect("result file");
+    assert_eq!(result["toolCallId"], json!(tool_call), "{result:#}");
+    assert_eq!(result["agent"], "first", "{result:#}");
+    let result = env.result(bare).expect("result file");
+    assert!(result.get("toolCallId").is_none(), "a run without a tool call got one: {result:#}");
+    assert_eq!(result["agent"], "only", "{result:#}");
+
+    let files = pi.ok(&env, "resultFilesForToolCall", json!({"resultsDir": env.results(), "toolCallId": tool_call}));
+    assert_eq!(files, json!([format!("{id}.json")]), "pi's lookup by tool call");
+    for run in [id, bare] {
+        let path = pi.ok(&env, "resultPayloadPathForIndexedRun", json!({"resultsDir": env.results(), "runId": run}));
+        assert_eq!(path, json!(env.result_path(run)), "pi's lookup by run id of {run}");
+    }
+    // The entries are those pi writes for a result of its own: same content in each.
+    let name = format!("{}.json", seg250(id));
+    let by_session = read_json(&env.results().join("result-index/sessions").join(seg("sess-i")).join(&name));
+    let by_run = read_json(&env.results().join("result-index/runs").join(&name));
+    let by_call = read_json(&env.results().join("result-index/tool-calls").join(seg(&tool_call)).join(&name));
+    assert!(by_session.is_some(), "no session index entry");
+    assert_eq!(by_run, by_session, "the run index entry differs from the session one");
+    assert_eq!(by_call, by_session, "the tool-call index entry differs from the session one");
+
+    let out = env.cli(&["rm", id, bare]);
+    assert!(out.status.success(), "runspool rm:\n{}", describe(&out));
+    let files = pi.ok(&env, "resultFilesForToolCall", json!({"resultsDir": env.results(), "toolCallId": tool_call}));
+    assert_eq!(files, json!([]), "pi still finds a removed run by its tool call");
+    for run in [id, bare] {
+        let path = pi.ok(&env, "resultPayloadPathForIndexedRun", json!({"resultsDir": env.results(), "runId": run}));
+        assert_eq!(path, Value::Null, "pi still finds removed run {run}");
+        assert!(!env.results().join("result-index/runs").join(format!("{}.json", seg250(run))).exists());
+    }
+    assert!(
+        !env.results().join("result-index/tool-calls").join(seg(&tool_call)).exists(),
+        "the tool call's index directory stayed"
+    );
+}
+
 /// pi's stale-run reconciler leaves a live runspool run alone.
 #[test]
 fn pi_reconcile_leaves_a_live_runspool_run_running() {
@@ -668,6 +788,96 @@ fn pi_reconcile_leaves_a_live_runspool_run_running() {
     assert!(!env.result_path(id).exists(), "pi wrote a result for a live run");
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(env.state(id).as_deref(), Some("running"));
+}
+
+/// Pids of live processes whose environment holds `RUNSPOOL_RUN_ID=<run_id>`.
+fn processes_of_run(run_id: &str) -> Vec<i64> {
+    let needle = format!("RUNSPOOL_RUN_ID={run_id}");
+    let mut out = vec![];
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i64>().ok()) else { continue };
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) && process_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True once no process has `pid` any more (a zombie still answers kill 0).
+fn pid_gone(pid: i64) -> bool {
+    unsafe { libc::kill(pid as libc::pid_t, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+}
+
+/// A runspool run whose runner and daemon were SIGKILLed, then failed by pi
+/// 0.67's own stale-run reconciler: the next daemon kills its step
+/// processes (a `sleep 300` and its background sibling) and cancels its
+/// live external job through the configured provider, keeps the status pi
+/// wrote byte for byte, and says what it did in a
+/// `subagent.run.leftovers_cleaned` event and a log line naming the run.
+#[test]
+fn leftovers_of_a_runspool_run_pi_ended_are_cleaned_up_and_its_status_kept() {
+    let pi = pi_or_skip!();
+    let mut env = TestEnv::with_config(FAST_RESCAN);
+    let engine = Engine::configure(&env);
+    env.start_daemon();
+    let id = "rs-ended-by-pi";
+    let remote = json!({"agent": "remote", "externalJob": {"provider": "engine", "prompt": "echo hi", "options": {}}});
+    let steps = vec![parallel(vec![sh_step("sleeper", "sleep 300 & sleep 300"), remote], None)];
+    env.submit(&runspool_request(&env, id, "sess-p", steps));
+    let mut st = Value::Null;
+    wait_until(LONG, "the step to run and the external job to be started", || {
+        st = env.status(id).unwrap_or(Value::Null);
+        st["steps"][0]["pid"].is_i64()
+            && st["steps"][1]["externalJob"]["providerJobId"].is_string()
+            && processes_of_run(id).len() >= 2
+    });
+    let job = st["steps"][1]["externalJob"]["providerJobId"].as_str().unwrap().to_string();
+    let runner = st["pid"].as_i64().unwrap();
+    env.kill9();
+    unsafe {
+        libc::kill(runner as libc::pid_t, libc::SIGKILL);
+    }
+    wait_until(LONG, "the runner to be gone", || pid_gone(runner));
+    let left = processes_of_run(id);
+    assert!(!left.is_empty(), "the step processes died with their runner: nothing to clean up");
+
+    // No runspool daemon: a pi host reconciles the run as stale.
+    let r = pi.ok(&env, "reconcileAsyncRun", json!({"asyncDir": env.run_dir(id), "resultsDir": env.results()}));
+    assert_eq!(r["repaired"], true, "{r}");
+    assert_eq!(r["status"]["state"], "failed", "{r}");
+    let status_path = env.run_dir(id).join("status.json");
+    let written_by_pi = file_bytes(&status_path);
+    assert!(env.active_dir().join(id).symlink_metadata().is_err(), "pi left the active marker");
+    assert!(engine.calls().iter().all(|(op, _)| op != "cancel"), "{:?}", engine.calls());
+
+    env.start_daemon();
+    wait_until(Duration::from_secs(120), "every process of the run pi ended to be killed", || {
+        processes_of_run(id).is_empty()
+    });
+    wait_until(LONG, "the live external job to be cancelled", || {
+        engine.calls().iter().any(|(op, input)| op == "cancel" && input.contains(&job))
+    });
+    wait_until(LONG, "the leftovers_cleaned event", || {
+        env.event_types(id).iter().any(|t| t == "subagent.run.leftovers_cleaned")
+    });
+    let ev = env.events(id).into_iter().find(|e| e["type"] == "subagent.run.leftovers_cleaned").unwrap();
+    assert_eq!(ev["runId"], id, "{ev}");
+    assert!(ev["pids"].as_array().is_some_and(|p| !p.is_empty()), "{ev}");
+    assert_eq!(ev["externalJobs"][0]["providerJobId"], json!(job), "{ev}");
+    assert!(
+        env.log_tail(400).lines().any(|l| l.contains(id) && l.contains("leftovers")),
+        "no log line names the run:\n{}",
+        env.log_tail(60)
+    );
+    assert_eq!(file_bytes(&status_path), written_by_pi, "runspool rewrote the status pi wrote");
+    // Not again: neither on rescans nor after a restart.
+    wait_rescans(&env, 2);
+    env.restart();
+    wait_rescans(&env, 2);
+    assert_eq!(engine.calls().iter().filter(|(op, _)| op == "cancel").count(), 1, "{:?}", engine.calls());
+    assert_eq!(env.event_types(id).iter().filter(|t| *t == "subagent.run.leftovers_cleaned").count(), 1);
+    assert_eq!(file_bytes(&status_path), written_by_pi, "runspool rewrote the status pi wrote");
 }
 
 /// pi's own stop request (control/stop-requests/) stops a runspool run.

@@ -74,6 +74,7 @@ pub fn doctor(layout: &Layout, config: Option<&Path>, as_json: bool) -> anyhow::
     checks.extend(space_check(layout, cfg));
     checks.extend(service_checks());
     if let Some(c) = cfg {
+        checks.push(retention_check(layout, c.retention_days));
         checks.extend(provider_checks(c));
         checks.extend(hook_checks(c));
     }
@@ -101,6 +102,60 @@ fn root_checks(layout: &Layout) -> Vec<Check> {
             Err(e) => check("root", Level::Fail, e.to_string()),
         })
         .collect()
+}
+
+/// `retention_days` against pi-subagents 0.67's own retention: every pi host
+/// runs `cleanupAsyncRetention` 60 s after it loads, which removes every
+/// finished run under the root older than 30 days, runspool's included (it
+/// checks no ownership). A root that holds runs a pi host launched has pi
+/// hosts, so a `retention_days` above 30, or 0 (keep everything), is not
+/// what happens to runspool's runs while one runs.
+fn retention_check(layout: &Layout, days: u64) -> Check {
+    if days != 0 && days <= PI_RETENTION_DAYS {
+        return check("retention", Level::Ok, format!("finished runs are kept {days} days"));
+    }
+    let asked = if days == 0 { "0 (keep everything)".to_string() } else { days.to_string() };
+    match pi_launched_run(layout) {
+        None => check(
+            "retention",
+            Level::Ok,
+            format!("retention_days = {asked}; no run under the root was launched by a pi-subagents host"),
+        ),
+        Some(id) => check(
+            "retention",
+            Level::Warn,
+            format!(
+                "retention_days = {asked}, but pi-subagents hosts use this root ({} was launched by one), and every \
+                 pi-subagents 0.67 host removes finished runs older than {PI_RETENTION_DAYS} days under the root, \
+                 runspool's included, 60 s after it loads: runspool's runs are kept {PI_RETENTION_DAYS} days while a \
+                 pi host runs; set retention_days to {PI_RETENTION_DAYS} or less, or keep runs elsewhere \
+                 (docs/protocol-notes.md, \"Retention\")",
+                layout.run_dir(&id).display()
+            ),
+        ),
+    }
+}
+
+/// pi-subagents 0.67's `ASYNC_RETENTION_DAYS`.
+const PI_RETENTION_DAYS: u64 = 30;
+
+/// A run directory under the root that a pi-subagents host launched: a
+/// status.json, no runspool request.json, not a rejection of runspool's.
+fn pi_launched_run(layout: &Layout) -> Option<crate::store::RunId> {
+    use crate::store::layout::RunPaths;
+    use crate::store::{run, RunId};
+    for e in std::fs::read_dir(layout.runs()).ok()?.flatten() {
+        let Some(id) = e.file_name().to_str().and_then(RunId::parse) else { continue };
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dir = layout.run_dir(&id);
+        let has_status = std::fs::symlink_metadata(RunPaths::status(&dir)).is_ok_and(|m| m.is_file());
+        if has_status && run::ownership(&dir, None) == run::Ownership::Foreign {
+            return Some(id);
+        }
+    }
+    None
 }
 
 /// Whether a daemon runs and answers, how it watches, its storage and its

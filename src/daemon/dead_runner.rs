@@ -9,6 +9,13 @@
 //! `steps[i].externalJob`, so the terminal status never claims a job runs
 //! that nobody tracks. Meanwhile the bridge leaves the run's requests alone
 //! (`holds`), so no new start is dispatched for a runner that is gone.
+//!
+//! The same clean-up is owed to a run of runspool's that another host ended
+//! (`ended_elsewhere`: a pi-subagents 0.67 host's stale-run reconciliation
+//! failed it while its runner was dead and the daemon was down): its step
+//! processes are killed and its live external jobs cancelled
+//! (`clean_ended`), but its status, which that host wrote, is left as it is;
+//! what was done goes into a `subagent.run.leftovers_cleaned` event.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -40,6 +47,25 @@ pub struct DeadRunners {
     done: Arc<Mutex<HashSet<String>>>,
     /// Runs already handled: their repair goes ahead whatever the cancel did.
     settled: HashSet<String>,
+    /// Runs another host ended whose leftovers were looked at (once per daemon).
+    ended: HashSet<String>,
+}
+
+/// The event that records the clean-up of a run another host ended.
+pub const LEFTOVERS_CLEANED: &str = "subagent.run.leftovers_cleaned";
+
+/// Did a host other than runspool end this run of runspool's? Every
+/// terminal write of runspool's (its runner's end, a repair, the stop of a
+/// queued run, a rejection: `Status::end` and the rejected status) records
+/// the run's `exitCode`; pi-subagents 0.67's `reconcileAsyncRun` (both of
+/// its repairs: a dead pid, and a result that already exists) keeps every
+/// field of the running status it read and adds none, so a terminal status
+/// without `exitCode` was written by another host. Only a run that started
+/// something (a step with a `pid`, or an external job) can have leftovers.
+pub fn ended_elsewhere(s: &Status) -> bool {
+    !s.state.is_active()
+        && s.exit_code.is_none()
+        && s.steps.iter().any(|st| st.pid.is_some() || st.external_job.is_some())
 }
 
 impl DeadRunners {
@@ -110,10 +136,80 @@ impl DeadRunners {
     }
 }
 
+impl DeadRunners {
+    /// Clean up after a run of runspool's that another host ended
+    /// (`ended_elsewhere`, runner lock free: the caller checked), off the
+    /// loop: every process still carrying the marks of one of its started
+    /// steps is killed, every external job its status records as live (and
+    /// every job a start in flight made) is cancelled through its provider.
+    /// The status stays as that host wrote it; the event
+    /// `subagent.run.leftovers_cleaned` and a log line say what was done.
+    /// Once per run and daemon, and never again once the event is in
+    /// `events.jsonl`.
+    pub fn clean_ended(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) {
+        if !ended_elsewhere(s) || self.ended.contains(run_id) || !crate::store::run::claimed(run_dir) {
+            return;
+        }
+        self.ended.insert(run_id.to_string());
+        let events = crate::store::layout::RunPaths::events(run_dir);
+        if crate::store::results::tail(&events, 1024 * 1024).contains(&format!("\"type\":\"{LEFTOVERS_CLEANED}\"")) {
+            return;
+        }
+        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let starts: Vec<(Start, Configured)> =
+            starts_in_flight(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let started: Vec<usize> =
+            s.steps.iter().enumerate().filter(|(_, st)| st.pid.is_some()).map(|(i, _)| i).collect();
+        let (dir, id, state) = (run_dir.to_path_buf(), run_id.to_string(), s.state.as_str().to_string());
+        let span = tracing::error_span!("ended-elsewhere", run_id = %run_id);
+        let spawned = std::thread::Builder::new()
+            .name(format!("ended-{}", run_id.chars().take(40).collect::<String>()))
+            .spawn(move || {
+                span.in_scope(|| {
+                    let killed = kill_leftovers(&dir, &id, &started);
+                    let mut calls = calls;
+                    for ((i, provider, request), p) in starts {
+                        if let Some(job) = landed_job(&dir, &request, p.as_ref().map(|p| p.1)) {
+                            calls.push(((i, provider, job), p));
+                        }
+                    }
+                    let outcomes = cancel_calls(&dir, calls);
+                    if killed.is_empty() && outcomes.is_empty() {
+                        tracing::debug!("nothing left of a run another host ended");
+                        return;
+                    }
+                    let jobs: Vec<Value> = outcomes
+                        .iter()
+                        .map(|(i, job, r)| match r {
+                            Ok(h) => json!({"stepIndex": i, "providerJobId": job, "state": h.state.as_str()}),
+                            Err(f) => json!({"stepIndex": i, "providerJobId": job, "failureCode": f.code, "failureMessage": f.message.chars().take(MAX_MESSAGE).collect::<String>()}),
+                        })
+                        .collect();
+                    let message = format!(
+                        "run ended {state} by another host while its runner was dead; runspool killed {} leftover step process(es) and cancelled {} external job(s)",
+                        killed.len(),
+                        jobs.len()
+                    );
+                    tracing::warn!(state = %state, pids = ?killed, jobs = jobs.len(), "cleaned up the leftovers of a run another host ended; its status stays as that host wrote it");
+                    let mut w = Writer::new();
+                    run::event(&mut w, &dir, &id, LEFTOVERS_CLEANED, json!({"pids": killed, "externalJobs": jobs, "message": message}));
+                    let until = Instant::now() + Duration::from_secs(60);
+                    while !w.flush() && Instant::now() < until {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                });
+            });
+        if let Err(e) = spawned {
+            tracing::error!(run_id, error = %e, "cannot start a thread to clean up the leftovers of a run another host ended; the next start tries again");
+        }
+    }
+}
+
 /// SIGKILL what is left of the run's running steps, wherever it went. The
 /// step index is part of the marks: the daemon's own provider processes for
 /// this run carry its run id and directory too, and are left to finish.
-fn kill_leftovers(dir: &Path, run_id: &str, steps: &[usize]) {
+fn kill_leftovers(dir: &Path, run_id: &str, steps: &[usize]) -> Vec<u32> {
+    let mut killed = Vec::new();
     for i in steps {
         let marks = [
             format!("RUNSPOOL_RUN_ID={run_id}"),
@@ -126,9 +222,11 @@ fn kill_leftovers(dir: &Path, run_id: &str, steps: &[usize]) {
         }
         tracing::warn!(step = i, pids = ?found, "killing the step processes left by a dead runner");
         if !crate::platform::procs::kill_marked(&marks, Duration::from_secs(10)) {
-            tracing::error!(step = i, pids = ?crate::platform::procs::with_env(&marks), "step processes of a dead runner survive SIGKILL; repairing the run without them");
+            tracing::error!(step = i, pids = ?crate::platform::procs::with_env(&marks), "step processes of a dead runner survive SIGKILL; going on without them");
         }
+        killed.extend(found);
     }
+    killed
 }
 
 /// External steps whose start was sent without an answer recorded: a
@@ -183,6 +281,12 @@ fn live_jobs(s: &Status) -> Vec<Job> {
 type Outcome = (usize, String, Result<Handle, ProviderError>);
 
 fn cancel_all(dir: &Path, run_id: &str, calls: Vec<Cancel>) {
+    record(dir, run_id, &cancel_calls(dir, calls));
+}
+
+/// Cancel each job through its provider (an unconfigured provider is a
+/// failure naming it); the outcome of each.
+fn cancel_calls(dir: &Path, calls: Vec<Cancel>) -> Vec<Outcome> {
     let mut outcomes: Vec<Outcome> = Vec::new();
     for ((i, provider, job), p) in calls {
         let r = match p {
@@ -218,7 +322,7 @@ fn cancel_all(dir: &Path, run_id: &str, calls: Vec<Cancel>) {
         }
         outcomes.push((i, job, r));
     }
-    record(dir, run_id, &outcomes);
+    outcomes
 }
 
 /// Write the outcomes into `steps[i].externalJob` (the run is still active:

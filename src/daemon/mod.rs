@@ -260,6 +260,7 @@ impl Daemon {
                     self.supervisor.adopt(id);
                 }
                 Effect::Ended(id) => self.hooks.ended(&id),
+                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
             }

@@ -26,6 +26,9 @@ pub enum Effect {
     Adopt(RunId),
     /// A supervised run ended: its hooks fire.
     Ended(RunId),
+    /// A terminal run of ours that another host ended (PROTOCOL §12): its
+    /// leftover processes and external jobs are cleaned up.
+    EndedElsewhere(RunId, Box<Status>),
     /// A claim committed but cut short: finished by its run directory.
     Unfinished(RunId),
     /// Look at the spool again now.

@@ -215,6 +215,9 @@ impl Recovery {
                 if let Err(e) = ensure_published_status(env.w, env.layout, id, &s) {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
                 }
+                if super::dead_runner::ended_elsewhere(&s) {
+                    out.push(Effect::EndedElsewhere(id.clone(), Box::new(s)));
+                }
             }
             _ => {}
         }

@@ -12,7 +12,6 @@
 
 use std::path::Path;
 
-use crate::protocol::seg::{seg, seg250};
 use crate::protocol::status::{State, Status, TerminalMarker};
 use crate::store::{fsutil, index, run, Layout, RunId};
 
@@ -72,9 +71,13 @@ pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
 /// start publishes again and the next sweep removes.
 pub(crate) fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
     let _ = fsutil::remove_if_exists(&l.result_file(id));
-    let _ = fsutil::remove_if_exists(
-        &l.results().join("result-index/sessions").join(seg(&s.session_id)).join(format!("{}.json", seg250(id))),
-    );
+    for path in crate::store::results::result_index_paths(l, id, &s.session_id, s.tool_call_id.as_deref()) {
+        let _ = fsutil::remove_if_exists(&path);
+        // A tool call's index directory holds its runs' entries: removed once empty.
+        if path.parent().and_then(Path::parent).is_some_and(|p| p.ends_with("result-index/tool-calls")) {
+            let _ = path.parent().map(std::fs::remove_dir);
+        }
+    }
     let _ = index::unmark_active(l, id, s.tool_call_id.as_deref());
     let _ = fsutil::remove_if_exists(marker);
     let tomb = l.runs().join(format!("{TOMBSTONE_PREFIX}{}", uuid::Uuid::new_v4()));

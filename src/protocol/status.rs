@@ -242,8 +242,14 @@ pub struct RunResult {
     pub id: String,
     pub run_id: String,
     pub session_id: String,
+    /// The run's `toolCallId`, when it has one: 0.67 indexes the result by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_owner_id: Option<String>,
+    /// The first step's agent (PROTOCOL §7).
+    #[serde(default)]
+    pub agent: String,
     pub mode: Mode,
     pub state: State,
     pub success: bool,

@@ -23,7 +23,11 @@ pub fn build_result(l: &Layout, id: &RunId, s: &Status) -> RunResult {
         id: id.to_string(),
         run_id: id.to_string(),
         session_id: s.session_id.clone(),
+        tool_call_id: s.tool_call_id.clone().filter(|t| !t.is_empty()),
         completion_owner_id: s.completion_owner_id.clone(),
+        // PROTOCOL §7: the first step's agent (0.67's reconciler falls back
+        // to "subagent" when a run has no steps; so does runspool).
+        agent: s.steps.first().map(|st| st.agent.clone()).unwrap_or_else(|| "subagent".into()),
         mode: s.mode.clone(),
         state: s.state.clone(),
         success: s.state == State::Complete,
@@ -59,25 +63,56 @@ pub fn tail(path: &std::path::Path, max: u64) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// Stage, index and promote the result file.
+/// Where a run's result is indexed (PROTOCOL §7), as pi-subagents 0.67's
+/// `writeResultIndexForData` writes it: by session
+/// (`result-index/sessions/<seg(sessionId)>/<seg250(runId)>.json`), by run
+/// (`result-index/runs/<seg250(runId)>.json`) and, when the run has a
+/// `toolCallId`, by tool call
+/// (`result-index/tool-calls/<seg(toolCallId)>/<seg250(runId)>.json`).
+pub fn result_index_paths(l: &Layout, id: &RunId, session_id: &str, tool_call_id: Option<&str>) -> Vec<PathBuf> {
+    let index = l.results().join("result-index");
+    let name = format!("{}.json", seg250(id));
+    let mut out = vec![index.join("sessions").join(seg(session_id)).join(&name), index.join("runs").join(&name)];
+    if let Some(t) = tool_call_id.filter(|t| !t.is_empty()) {
+        out.push(index.join("tool-calls").join(seg(t)).join(&name));
+    }
+    out
+}
+
+/// Stage, index and promote the result file, in 0.67's order: the pending
+/// file, the index entries (same content in each), then the rename to the
+/// public name.
 pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     let r = build_result(l, id, s);
     let public = l.result_file(id);
     let pending_dir = l.results().join("result-pending").join(seg(&s.session_id));
-    let index_dir = l.results().join("result-index/sessions").join(seg(&s.session_id));
     mkdir_private_all(&pending_dir)?;
-    mkdir_private_all(&index_dir)?;
-    let name = format!("{}.json", seg250(id));
-    let pending = pending_dir.join(&name);
+    let pending = pending_dir.join(format!("{}.json", seg250(id)));
     fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
-    // `file` is the bare name: pi-subagents 0.67's lookup by session
-    // (resultPayloadPathForSessionRun) refuses anything else.
+    // `file` is the bare name: pi-subagents 0.67's lookups
+    // (resultPayloadPathForSessionRun, resultFilesForToolCall, ...) refuse
+    // anything else.
     let idx = json!({
         "version": 1, "runId": id.as_str(), "sessionId": s.session_id,
         "file": format!("{id}.json"), "writtenAt": crate::now_ms(),
         "asyncDir": r.async_dir,
     });
-    fsutil::write_atomic(&index_dir.join(&name), &serde_json::to_vec(&idx).map_err(io::Error::other)?, false)?;
+    let idx = serde_json::to_vec(&idx).map_err(io::Error::other)?;
+    for (i, path) in result_index_paths(l, id, &s.session_id, r.tool_call_id.as_deref()).into_iter().enumerate() {
+        let written =
+            path.parent().map_or(Ok(()), mkdir_private_all).and_then(|_| fsutil::write_atomic(&path, &idx, false));
+        match written {
+            Ok(()) => {}
+            // The session index is the one every reader uses: without it the
+            // publication is retried. The run and tool-call indexes are
+            // optional in 0.67 too (a failure is logged there); only a
+            // capacity error, which passes, is worth a retry.
+            Err(e) if i == 0 || fsutil::is_capacity(&e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(run_id = %id, path = %path.display(), error = %e, "cannot write a result index entry; pi-subagents finds the result by its session index")
+            }
+        }
+    }
     std::fs::rename(&pending, &public)?;
     // Barrier: the public name is durable before the terminal marker that
     // follows, whose presence tells a restart the result is out (a marker

@@ -15,6 +15,7 @@ import { createRequire } from "node:module";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { pathToFileURL } from "node:url";
+import { randomUUID } from "node:crypto";
 
 const installDir = process.env.PI_SUBAGENTS_INSTALL_DIR;
 if (!installDir) fail(new Error("PI_SUBAGENTS_INSTALL_DIR is not set"));
@@ -154,6 +155,15 @@ const actions = {
 		const { resultPayloadPathForSessionRun } = await pi("src/runs/background/result-files.ts");
 		return resultPayloadPathForSessionRun(a.resultsDir, a.sessionId, a.runId) ?? null;
 	},
+	// Result files indexed under a tool call (bare names, as pi reads them).
+	async resultFilesForToolCall(a) {
+		const { resultFilesForToolCall } = await pi("src/runs/background/result-files.ts");
+		return resultFilesForToolCall(a.resultsDir, a.toolCallId);
+	},
+	async resultPayloadPathForIndexedRun(a) {
+		const { resultPayloadPathForIndexedRun } = await pi("src/runs/background/result-files.ts");
+		return resultPayloadPathForIndexedRun(a.resultsDir, a.runId) ?? null;
+	},
 	async reconcileAsyncRun(a) {
 		const { reconcileAsyncRun } = await pi("src/runs/background/stale-run-reconciler.ts");
 		return reconcileAsyncRun(a.asyncDir, { resultsDir: a.resultsDir });
@@ -173,6 +183,40 @@ const actions = {
 			`${a.request.operation} for provider ${a.request.provider}`,
 		);
 		return { result };
+	},
+	// pi's retention pass (cleanupAsyncRetention) as a pi host runs it, with
+	// its clock moved by `nowOffsetMs`. With `waitOnRunId`, a wait
+	// subscription for that run appears right after the pass picked its
+	// first tombstone name (its second randomId), so that run passes the
+	// first check on the pass's old wait set and fails the recheck on the
+	// fresh one: pi renames its tombstone back (the keep-after-recheck path).
+	async cleanupAsyncRetention(a) {
+		const { cleanupAsyncRetention } = await pi("src/runs/background/async-retention.ts");
+		const offset = a.nowOffsetMs ?? 0;
+		let calls = 0;
+		const randomId = () => {
+			calls += 1;
+			if (calls === 2 && a.waitOnRunId) {
+				const dir = path.join(path.dirname(a.asyncDirRoot), "wait-subscriptions");
+				fs.mkdirSync(dir, { recursive: true });
+				fs.writeFileSync(path.join(dir, "driver-wait.json"), JSON.stringify({ runId: a.waitOnRunId, expiresAt: Date.now() + 3_600_000 }));
+			}
+			return randomUUID();
+		};
+		return cleanupAsyncRetention({ asyncDirRoot: a.asyncDirRoot, resultsDir: a.resultsDir, now: () => Date.now() + offset, randomId });
+	},
+	// What a pi retention pass killed between its rename and its removal
+	// leaves: the tombstone marker (written first, as pi does) and the run
+	// renamed to `.deleting-run-<uuid>`.
+	async leaveRunTombstone(a) {
+		const { writeAtomicJson } = await pi("src/shared/atomic-json.ts");
+		const { encodeIndexSegment } = await pi("src/runs/background/index-segment.ts");
+		const tombstonePath = path.join(a.asyncDirRoot, `.deleting-run-${randomUUID()}`);
+		const marker = path.join(path.dirname(a.asyncDirRoot), "async-retention-run-tombstones", `${encodeIndexSegment(a.runId)}.json`);
+		fs.mkdirSync(path.dirname(marker), { recursive: true });
+		writeAtomicJson(marker, { version: 1, runId: a.runId, tombstonePath, createdAt: Date.now() });
+		fs.renameSync(path.join(a.asyncDirRoot, a.runId), tombstonePath);
+		return { tombstonePath, marker };
 	},
 	writePiRun,
 };

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::bridge::Bridge;
 use super::dead_runner::DeadRunners;
 use super::part::{Effect, Env};
+use crate::protocol::status::Status;
 use crate::store::fsutil::is_capacity;
 use crate::store::{run, RunId};
 pub use program::{RunnerProgram, SpawnError};
@@ -202,7 +203,11 @@ impl Supervisor {
             // Its processes and external jobs are being cleared; the repair follows.
             Ok(Some(s)) if s.state.is_active() && self.dead.hold_repair(bridge, &dir, id, &s) => return Settle::Held,
             Ok(Some(s)) if s.state.is_active() => repair::repair(env.w, env.layout, id),
-            Ok(Some(s)) => ensure_published_status(env.w, env.layout, id, &s),
+            Ok(Some(s)) => {
+                // Another host may have ended it after its runner died (PROTOCOL §12).
+                self.dead.clean_ended(bridge, &dir, id, &s);
+                ensure_published_status(env.w, env.layout, id, &s)
+            }
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };
@@ -215,6 +220,17 @@ impl Supervisor {
             Err(e) => tracing::error!(run_id = %id, error = %e, "could not settle a finished run"),
         }
         Settle::Ended
+    }
+
+    /// A terminal run of ours found by recovery: when another host ended it
+    /// and its runner is dead (its lock is free), its leftover step
+    /// processes and external jobs are cleaned up (`DeadRunners::clean_ended`).
+    pub fn clean_ended(&mut self, layout: &crate::store::Layout, bridge: &Bridge, id: &RunId, s: &Status) {
+        let dir = layout.run_dir(id);
+        // A runner that holds its lock is finishing its own end, which cleans up.
+        if matches!(crate::store::fsutil::lock_held(&crate::store::layout::RunPaths::runner_lock(&dir)), Ok(false)) {
+            self.dead.clean_ended(bridge, &dir, id, s);
+        }
     }
 
     /// Runners are checked once a second while there are any.
