@@ -158,8 +158,6 @@ fn pi_launched_run(layout: &Layout) -> Option<crate::store::RunId> {
     None
 }
 
-/// Whether a daemon runs and answers, how it watches, its storage and its
-/// queue; one warning when none runs.
 /// Run directories that are not their own (DESIGN principle 9): a status
 /// whose `runId` is not its directory's name (copied or edited) and entries
 /// of the runs root that are symbolic links. runspool leaves both alone; the
@@ -198,6 +196,8 @@ fn identity_check(layout: &Layout) -> Check {
     )
 }
 
+/// Whether a daemon runs and answers, how it watches, its storage and its
+/// queue; one warning when none runs.
 fn daemon_checks(layout: &Layout, health: &Health) -> Vec<Check> {
     let Some(d) = health.running_report() else {
         return vec![check(
