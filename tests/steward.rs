@@ -460,7 +460,30 @@ fn steward_writes_what_pi_0_67_writes_edges() {
     st["lastUpdate"] = json!(t - 25 * HOUR);
     pi_run(&env, "pi-stale-live", &pretty(&st));
 
-    let ids = ["pi-cut", "pi-long", "pi-exited", "pi-nostart", "pi-stale-live"];
+    // A queued run whose result says stopped: `stopped: true`, steps stopped.
+    let mut st = base_status("pi-queued-result", Some("sess-b"), DEAD_PID, t);
+    st["state"] = json!("queued");
+    st["displayDismissedAt"] = json!(t - HOUR);
+    st["steps"][0]["status"] = json!("pending");
+    pi_run(&env, "pi-queued-result", &pretty(&st));
+    pi.call(
+        Some(&env),
+        "writeResult",
+        json!({"resultsDir": env.results(), "runId": "pi-queued-result", "data": {
+            "id": "pi-queued-result", "sessionId": "sess-b", "state": "stopped", "success": false, "exitCode": 1,
+            "results": ["not an object", {"success": null, "error": "stopped by user", "model": "m:xhigh"}],
+        }}),
+        Some(t - HOUR),
+    );
+
+    // No sessionId, a plain result file with exitCode 0 (paused), no index.
+    let mut st = base_status("pi-plain-result", None, DEAD_PID, t);
+    st["steps"][1]["status"] = json!("pending");
+    st["endedAt"] = json!(t - 5 * HOUR);
+    pi_run(&env, "pi-plain-result", &pretty(&st));
+    fs::write(env.result_path("pi-plain-result"), "{\"exitCode\": 0, \"results\": 7}").unwrap();
+
+    let ids = ["pi-cut", "pi-long", "pi-exited", "pi-nostart", "pi-stale-live", "pi-queued-result", "pi-plain-result"];
     let verdicts = compare_with_pi(&pi, &mut env, &ids, t);
     for id in ids {
         assert_eq!(verdicts[id]["repaired"], true, "0.67 did not repair {id}: {verdicts:?}");
@@ -477,6 +500,10 @@ fn steward_writes_what_pi_0_67_writes_edges() {
         .unwrap()
         .contains("still has a live PID"));
     assert!(process_alive(live.pid()), "the steward signalled a live process");
+    let st = env.status("pi-queued-result").unwrap();
+    assert_eq!((&st["state"], &st["stopped"]), (&json!("stopped"), &json!(true)), "{st}");
+    assert!(st.get("displayDismissedAt").is_none(), "{st}");
+    assert_eq!(env.state("pi-plain-result").as_deref(), Some("paused"));
 }
 
 /// What 0.67 leaves alone the steward leaves alone, byte for byte: a live
