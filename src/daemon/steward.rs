@@ -13,7 +13,7 @@
 
 mod reconcile;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -87,14 +87,14 @@ impl Steward {
         }
         self.next_look = now + self.every;
         let Ok(rd) = std::fs::read_dir(env.layout.active()) else { return };
-        let mut looked = Vec::new();
+        let mut looked = HashSet::new();
         for e in rd.flatten() {
             if !e.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
             let Some(id) = e.file_name().to_str().and_then(RunId::parse) else { continue };
             self.look(env, &id, now);
-            looked.push(id);
+            looked.insert(id);
         }
         self.seen.retain(|id, _| looked.contains(id));
     }
@@ -134,6 +134,12 @@ impl Steward {
             }
         }
         self.seen.remove(id);
+        // The last moment to notice a host that came back and wrote the status.
+        let again = fsutil::read_nofollow(&RunPaths::status(&dir), MAX_STATUS_BYTES).unwrap_or_default();
+        if again != bytes {
+            tracing::debug!(run_id = %id, "steward: status.json changed just before the repair; looking again");
+            return;
+        }
         match repair.write(&r) {
             Ok(()) => tracing::info!(
                 run_id = %id, case = repair.case.as_str(), state = %repair.state,

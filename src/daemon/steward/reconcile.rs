@@ -861,3 +861,26 @@ fn release_active(run: &Run) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `path.resolve` in node 20 for each input.
+    #[test]
+    fn paths_are_named_as_node_resolves_them() {
+        assert_eq!(node_path(Path::new("/a//b/./c/../d/")).unwrap(), "/a/b/d");
+        assert_eq!(node_path(Path::new("/../x")).unwrap(), "/x");
+        assert_eq!(node_path(Path::new("/")).unwrap(), "/");
+    }
+
+    #[test]
+    fn thinking_is_resolved_as_0_67_resolves_it() {
+        let t = |m: &str, c: &str| effective_thinking(&jstr(m), &jstr(c));
+        assert_eq!(t("anthropic/claude:high", "low"), jstr("high"));
+        assert_eq!(t("a:b:max", ""), jstr("max"));
+        assert_eq!(t("model:fast", "medium"), jstr("medium"));
+        assert_eq!(t("model", "bogus"), JsVal::Undefined);
+        assert_eq!(t("", "high"), JsVal::Undefined);
+    }
+}
