@@ -15,6 +15,9 @@ pub struct Config {
     pub retention_days: u64,
     /// Run time limit of a request without `timeoutMs`, in ms; 0 means none.
     pub default_timeout_ms: u64,
+    /// The steward (PROTOCOL §14.1): reconcile pi-subagents runs whose
+    /// runner is gone, as pi-subagents 0.67 would. On by default.
+    pub steward: bool,
     pub watch: Watch,
     pub storage: Storage,
     pub log: Log,
@@ -90,6 +93,7 @@ impl Default for Config {
             max_running: 4,
             retention_days: 30,
             default_timeout_ms: crate::protocol::request::DEFAULT_TIMEOUT_MS,
+            steward: true,
             watch: Watch::default(),
             storage: Storage::default(),
             log: Log::default(),
@@ -211,6 +215,7 @@ impl Config {
             self.default_timeout_ms.to_string(),
             false,
         );
+        item(&mut out, "steward", old.steward.to_string(), self.steward.to_string(), false);
         item(&mut out, "watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
         item(
             &mut out,
@@ -514,6 +519,7 @@ mod tests {
             "max_running",
             "retention_days",
             "default_timeout_ms",
+            "steward",
             "strategy",
             "poll_interval_ms",
             "rescan_interval_s",

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::json;
 
-use super::health::{describe_report, root_or_slash, watch_text, Health, DEFAULT_MIN_FREE};
+use super::health::{describe_report, root_or_slash, steward_text, watch_text, Health, DEFAULT_MIN_FREE};
 use crate::config::Config;
 use crate::store::Layout;
 
@@ -215,6 +215,7 @@ fn daemon_checks(layout: &Layout, health: &Health) -> Vec<Check> {
             None => check("daemon", Level::Ok, format!("running, pid {}", d.pid)),
         },
         check("watch", Level::Ok, watch_text(d)),
+        check("steward", Level::Ok, steward_text(d)),
         check(
             "storage",
             Level::unless(health.storage_state == "ok", Level::Fail),

@@ -152,6 +152,20 @@ pub(crate) fn watch_text(d: &DaemonStatus) -> String {
     format!("{} ({}): {}", d.watch.strategy, d.watch.backend, d.watch.reason)
 }
 
+/// The `steward` line: whether the daemon reconciles pi-subagents runs
+/// whose runner is gone (PROTOCOL §14.1).
+pub(crate) fn steward_text(d: &DaemonStatus) -> String {
+    match &d.steward {
+        Some(s) if s.enabled => "on: pi-subagents runs whose runner is gone are reconciled as pi-subagents 0.67 would \
+                                 (`steward = false` in the config turns it off)"
+            .into(),
+        Some(_) => "off (`steward = false` in the config): pi-subagents runs whose runner is gone stay `running` \
+                    until a pi host reconciles them"
+            .into(),
+        None => "not reported (the daemon predates the steward)".into(),
+    }
+}
+
 /// `runspool status` with no run: the daemon's own status. Exit codes: 0
 /// healthy, 3 not running, 4 storage degraded, 5 unresponsive.
 pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
@@ -185,6 +199,7 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
             println!("watch     {}", visible(&watch_text(d)));
             println!("storage   {}", visible(&h.storage_text()));
             println!("runs      {} running, {} queued", d.runs.running, d.runs.queued);
+            println!("steward   {}", steward_text(d));
             if let Some(line) = d.queue.as_ref().map(describe_report) {
                 println!("queue     {}", visible(&line));
             }

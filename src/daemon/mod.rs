@@ -9,6 +9,7 @@
 //! - `recovery`: start-up adoption, run-directory slices, unfinished claims, rescans;
 //! - `storage`: may we claim (safe directories, free space);
 //! - `report`: daemon.json, sd_notify, the watchdog;
+//! - `steward`: pi-subagents runs whose runner is gone, reconciled as 0.67 would (§14.1);
 //! - `bridge`, `hooks`, `retention`, `watch` (file events as `Hint`s).
 //!
 //! Everything the daemon knows is on disk; a restart rebuilds the rest.
@@ -28,6 +29,7 @@ pub mod retention;
 mod scheduler;
 pub mod spool;
 mod startup;
+pub mod steward;
 mod storage;
 pub mod supervisor;
 pub mod watch;
@@ -92,6 +94,7 @@ pub struct Daemon {
     report: report::Reporter,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
+    steward: steward::Steward,
     next_retention: Instant,
     stopping: bool,
 }
@@ -147,6 +150,7 @@ impl Daemon {
             self.storage.next_wake(),
             self.report.next_wake(),
             self.hooks.next_wake(),
+            self.steward.next_wake(self.cfg.steward),
             busy,
             flush,
         ]
@@ -233,6 +237,7 @@ impl Daemon {
         let bridged = self.supervisor.bridged().chain(self.recovery.foreign());
         self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
+        self.steward.turn(&mut env!(self));
         self.write_report(false);
         self.report.turn();
     }
@@ -337,6 +342,7 @@ impl Daemon {
             degraded: self.storage.degraded(&self.w),
             last_rescan_at: self.recovery.last_rescan_at(),
             min_free_bytes: self.cfg.storage.min_free_bytes,
+            steward: self.cfg.steward,
         };
         self.report.write(&mut self.w, &self.layout, &self.watch, facts, force);
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::watch::{self, Watch};
 use crate::config::Config;
-use crate::protocol::daemon::{ConfigInfo, DaemonStatus, QueueInfo, RunCounts, StorageInfo, WatchInfo};
+use crate::protocol::daemon::{ConfigInfo, DaemonStatus, QueueInfo, RunCounts, StewardInfo, StorageInfo, WatchInfo};
 use crate::store::{Layout, Writer};
 
 /// Run counts in daemon.json and STATUS= lag by at most this much.
@@ -24,6 +24,8 @@ pub struct Facts {
     pub degraded: Option<String>,
     pub last_rescan_at: Option<i64>,
     pub min_free_bytes: u64,
+    /// The configuration's `steward`.
+    pub steward: bool,
 }
 
 /// The report part: daemon.json as last written, the reserve that lets it
@@ -67,6 +69,7 @@ impl Reporter {
             last_rescan_at: None,
             config: Some(cfg.info(config_path)),
             queue: None,
+            steward: Some(StewardInfo { enabled: cfg.steward }),
         };
         let reserve = Reserve::new(l);
         let now = Instant::now();
@@ -91,6 +94,7 @@ impl Reporter {
         r.watch.reason = watch.choice.reason.clone();
         r.runs = facts.runs;
         r.queue = Some(facts.queue);
+        r.steward = Some(StewardInfo { enabled: facts.steward });
         let min_free_bytes = Some(facts.min_free_bytes);
         r.storage = match facts.degraded {
             Some(reason) => StorageInfo {

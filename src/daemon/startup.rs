@@ -62,6 +62,7 @@ impl Daemon {
             storage: Storage::new(),
             bridge: bridge::Bridge::new(&cfg, tx.clone()),
             hooks: hooks::Hooks::new(&layout),
+            steward: super::steward::Steward::new(),
             next_retention: Instant::now() + Duration::from_secs(3600),
             layout,
             cfg,

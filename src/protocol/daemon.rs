@@ -25,6 +25,16 @@ pub struct DaemonStatus {
     /// Queue control as applied from `runspool/queue.json` (runspool extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueInfo>,
+    /// Whether the steward (PROTOCOL §14.1) is on (runspool extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steward: Option<StewardInfo>,
+}
+
+/// `daemon.json` `steward`: whether the daemon reconciles pi-subagents runs
+/// whose runner is gone (`steward` in the configuration).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StewardInfo {
+    pub enabled: bool,
 }
 
 /// `daemon.json` `queue`: whether claiming and starting are paused (since

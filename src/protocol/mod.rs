@@ -3,6 +3,7 @@
 pub mod bridge;
 pub mod control;
 pub mod daemon;
+pub mod jsjson;
 pub mod outcome;
 pub mod request;
 pub mod seg;

@@ -124,6 +124,22 @@ pub fn seg_max(v: &str, max: usize) -> String {
     }
 }
 
+/// pi-subagents 0.67's `indexSegmentAliases(v, max)`: the segment written
+/// today, then the pre-hash percent-encoded one when it still names a file
+/// (fits in `max` bytes; not empty, `.`, `..`, ending in `.` or a reserved
+/// device name) and differs. Readers of 0.67's indexes look under both.
+pub fn seg_aliases(v: &str, max: usize) -> Vec<String> {
+    let current = seg_max(v, max);
+    let e = encode_uri_component(v);
+    let historical =
+        !e.is_empty() && e != "." && e != ".." && !e.ends_with('.') && !is_reserved_device_name(&e) && e.len() <= max;
+    if historical && e != current {
+        vec![current, e]
+    } else {
+        vec![current]
+    }
+}
+
 /// `seg(v)` with the default byte limit of 255.
 pub fn seg(v: &str) -> String {
     seg_max(v, SEG_MAX)
@@ -150,6 +166,18 @@ mod tests {
     fn assert_plain(v: &str, expected: &str) {
         assert_eq!(seg(v), expected, "seg({v:?})");
         assert_eq!(seg250(v), expected, "seg250({v:?})");
+    }
+
+    /// Printed by pi-subagents 0.67's `indexSegmentAliases(v, 250)` under node.
+    #[test]
+    fn aliases_match_pi_subagents() {
+        assert_eq!(seg_aliases("s.jsonl", 250), vec![hashed("s.jsonl"), "s.jsonl".to_string()]);
+        assert_eq!(seg_aliases("plain", 250), vec!["plain".to_string()]);
+        assert_eq!(seg_aliases("a%5Cb", 250), vec!["a%255Cb".to_string()]);
+        assert_eq!(seg_aliases(&"x".repeat(251), 250), vec![hashed(&"x".repeat(251))]);
+        assert_eq!(seg_aliases("CON", 250), vec![hashed("CON")]);
+        assert_eq!(seg_aliases("é.txt", 250), vec![hashed("é.txt"), "%C3%A9.txt".to_string()]);
+        assert_eq!(seg_aliases("trailing.", 250), vec![hashed("trailing.")]);
     }
 
     // ---- sha256_hex ----

@@ -17,6 +17,13 @@ import * as path from "node:path";
 import { pathToFileURL } from "node:url";
 import { randomUUID } from "node:crypto";
 
+// PI_DRIVER_NOW_MS freezes Date.now (pi's clock) at that instant, so a test
+// can compare what pi writes with what runspool writes at the same time.
+if (process.env.PI_DRIVER_NOW_MS) {
+	const frozen = Number(process.env.PI_DRIVER_NOW_MS);
+	Date.now = () => frozen;
+}
+
 const installDir = process.env.PI_SUBAGENTS_INSTALL_DIR;
 if (!installDir) fail(new Error("PI_SUBAGENTS_INSTALL_DIR is not set"));
 const pkgDir = path.join(installDir, "node_modules", "pi-subagents");
@@ -167,6 +174,24 @@ const actions = {
 	async reconcileAsyncRun(a) {
 		const { reconcileAsyncRun } = await pi("src/runs/background/stale-run-reconciler.ts");
 		return reconcileAsyncRun(a.asyncDir, { resultsDir: a.resultsDir });
+	},
+	// reconcileAsyncRun on each of `asyncDirs` in order; a throw is reported
+	// per run ({error}), as a pi host logs it and goes on.
+	async reconcileAll(a) {
+		const { reconcileAsyncRun } = await pi("src/runs/background/stale-run-reconciler.ts");
+		return a.asyncDirs.map((asyncDir) => {
+			try {
+				const r = reconcileAsyncRun(asyncDir, { resultsDir: a.resultsDir });
+				return { repaired: r.repaired, state: r.status?.state ?? null };
+			} catch (error) {
+				return { error: error instanceof Error ? error.message : String(error) };
+			}
+		});
+	},
+	// A result as pi's runner publishes it (pending, indexes, promotion).
+	async writeResult(a) {
+		const { writeAsyncResultFile, resultFilePath } = await pi("src/runs/background/result-files.ts");
+		return writeAsyncResultFile(resultFilePath(a.resultsDir, a.runId), a.data);
 	},
 	async requestAsyncStop(a) {
 		const { requestAsyncStop } = await pi("src/runs/background/control-channel.ts");
