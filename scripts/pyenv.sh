@@ -13,7 +13,7 @@
 #
 # Exit status: 0 ready; 3 python3, its venv module or pip is unavailable (the
 # caller skips); anything else: the installation failed (the caller fails).
-# Nothing is written outside DIR and DIR.lock.
+# Nothing is written outside DIR, DIR.lock and DIR.log (venv's output).
 set -eu
 
 here=$(cd "$(dirname "$0")/.." && pwd)
