@@ -115,8 +115,9 @@ input=$(cat)
 field() { printf '%s' "$input" | sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p"; }
 case "$op" in
 start)
-    d=$(mktemp -d "$E/jobs/j.XXXXXX")
-    id=${d##*/}
+    id="j$(date +%s%N)-$$"
+    d="$E/jobs/$id"
+    mkdir "$d"
     printf '%b\n' "$(field prompt)" > "$d/script"
     ( cd "$d" && sh ./script > out 2>&1; echo $? > rc ) </dev/null >/dev/null 2>&1 &
     echo "{\"providerJobId\":\"$id\",\"state\":\"queued\",\"handleUrl\":\"file://$d\"}"
