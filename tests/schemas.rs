@@ -25,7 +25,6 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 const JSONSCHEMA: &str = "jsonschema==4.26.0";
 
