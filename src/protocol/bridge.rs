@@ -357,7 +357,7 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
             let path = e.path().to_string();
             let inner = strip_position(&e.into_inner().to_string());
             if path == "." || path.is_empty() {
-                format!("{inner}; see PROTOCOL §8.1 for the request fields")
+                format!("{inner}; see docs/protocol.md §8.1 for the request fields")
             } else {
                 format!("field `{path}`: {inner}")
             }
@@ -373,13 +373,13 @@ pub fn parse_request(bytes: &[u8], stem: &str, run_id: &str) -> Result<Request, 
     match r.operation {
         Operation::Start => {
             let Some(s) = &r.start else {
-                return Err(invalid("operation `start` needs a `start` object (PROTOCOL §8.1)".into()));
+                return Err(invalid("operation `start` needs a `start` object (docs/protocol.md §8.1)".into()));
             };
             check_start("start", s, run_id)?;
         }
         Operation::FollowUp => {
             let Some(f) = &r.follow_up else {
-                return Err(invalid("operation `follow-up` needs a `followUp` object (PROTOCOL §8.1)".into()));
+                return Err(invalid("operation `follow-up` needs a `followUp` object (docs/protocol.md §8.1)".into()));
             };
             check_start("followUp", &f.start, run_id)?;
             check_str("followUp.parentProviderJobId", &f.parent_provider_job_id, MAX_ID)?;

@@ -341,7 +341,10 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
         let inner = e.into_inner();
         let msg = strip_position(&inner.to_string());
         if path == "." || path.is_empty() {
-            Rejection::new(RejectionCode::InvalidField, format!("{msg}; see PROTOCOL §2.2 for the request fields"))
+            Rejection::new(
+                RejectionCode::InvalidField,
+                format!("{msg}; see docs/protocol.md §2.2 for the request fields"),
+            )
         } else {
             Rejection::new(RejectionCode::InvalidField, format!("field `{path}`: {msg}"))
         }
@@ -708,5 +711,8 @@ mod tests {
         assert!(e.message.contains("steps[0].env.X"), "{}", e.message);
         let e = v(r#"{"version":1,"cwd":"/","steps":[{"command":["a"]}],"sesionId":"x"}"#).unwrap_err();
         assert!(e.message.contains("sesionId"), "{}", e.message);
+        // A missing field points at the protocol's list of request fields.
+        let e = v(r#"{"version":1,"steps":[{"command":["a"]}]}"#).unwrap_err();
+        assert!(e.message.contains("`cwd`") && e.message.contains("docs/protocol.md §2.2"), "{}", e.message);
     }
 }

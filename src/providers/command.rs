@@ -80,7 +80,7 @@ impl Provider for CommandProvider {
                 failure(
                     "provider-error",
                     format!(
-                        "providers.{name}: `{shown}` exited 0 but printed an invalid handle: {e}; it must print one JSON object with providerJobId and state (PROTOCOL §8.2). stdout was: {}{}",
+                        "providers.{name}: `{shown}` exited 0 but printed an invalid handle: {e}; it must print one JSON object with providerJobId and state (docs/protocol.md §8.2). stdout was: {}{}",
                         show_stdout(&out.stdout),
                         stderr_suffix(&out.stderr_tail)
                     ),

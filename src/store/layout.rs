@@ -1,4 +1,4 @@
-//! Every path of PROTOCOL §1 in one place.
+//! Every path of docs/protocol.md §1 in one place.
 
 use std::path::{Path, PathBuf};
 

@@ -285,7 +285,7 @@ mod tests {
         // A retried claim of the same entry lands in the same directory.
         assert_eq!(id, claim_id(&std::fs::metadata(&p).unwrap(), "a.json"));
         let u = uuid::Uuid::parse_str(&id).unwrap();
-        assert_eq!(u.get_version_num(), 4, "{id} must look like the UUID v4 PROTOCOL §2.2 promises");
+        assert_eq!(u.get_version_num(), 4, "{id} must look like the UUID v4 docs/protocol.md §2.2 promises");
         assert!(is_id(&id, 128));
         assert_ne!(id, claim_id(&md, "b.json"));
         // A new file under the same name is a new request.
