@@ -70,7 +70,9 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir)?.sync_all()
 }
 
-fn temp_name(target: &Path) -> PathBuf {
+/// A temp name for `target` in its directory, in the form [`sweep_temps`]
+/// recognises (so a writer killed before its rename leaves nothing for good).
+pub fn temp_name(target: &Path) -> PathBuf {
     let base = target.file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
     let tail = format!(".{}.{}.{:08x}.tmp", std::process::id(), crate::now_ms(), uuid::Uuid::new_v4().as_u128() as u32);
     let name = if 1 + base.len() + tail.len() > 255 {
