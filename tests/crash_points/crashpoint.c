@@ -10,6 +10,9 @@
  * before the call has any effect. `RUNSPOOL_CRASH_TRACE=FILE` receives one
  * line per counted call (`count` lines when N is 0) or the one line of the
  * kill, so a violation can be pinned to the call that preceded it.
+ * `RUNSPOOL_CRASH_MATCH=<call>:<text>` counts only the calls of that name
+ * (any name when empty) whose path contains <text>: a targeted crash point
+ * for a regression test.
  *
  * Every process of another role, and a forked child before its exec,
  * passes straight through.
@@ -33,6 +36,8 @@ static pid_t armed_pid;          /* 0: not armed in this process */
 static unsigned long crash_at;   /* 0: count only */
 static unsigned long counter;
 static const char *trace_path;
+static char match_call[32];      /* RUNSPOOL_CRASH_MATCH=<call>:<text>: count only */
+static const char *match_text;   /* the calls of that name whose path holds text */
 
 static void trace(const char *what, unsigned long n, const char *call, const char *arg) {
     if (!trace_path) return;
@@ -62,9 +67,16 @@ static void fd_path(int fd, char *buf, size_t size) {
 /* One counted call: trace it and, at N, die before it happens. */
 static void point(const char *call, const char *path, int fd) {
     if (!armed_pid || syscall(SYS_getpid) != armed_pid) return;
+    char buf[512];
+    if (match_text) {
+        if (!path && fd >= 0) {
+            fd_path(fd, buf, sizeof buf);
+            path = buf;
+        }
+        if ((match_call[0] && strcmp(call, match_call) != 0) || !path || !strstr(path, match_text)) return;
+    }
     unsigned long n = __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST);
     if (crash_at && n != crash_at) return;
-    char buf[512];
     if (!path && fd >= 0) {
         fd_path(fd, buf, sizeof buf);
         path = buf;
@@ -99,6 +111,12 @@ __attribute__((constructor)) static void init(void) {
     crash_at = at ? strtoul(at, NULL, 10) : 0;
     const char *tr = getenv("RUNSPOOL_CRASH_TRACE");
     trace_path = tr ? strdup(tr) : NULL;
+    const char *m = getenv("RUNSPOOL_CRASH_MATCH");
+    const char *colon = m ? strchr(m, ':') : NULL;
+    if (colon && (size_t)(colon - m) < sizeof match_call) {
+        memcpy(match_call, m, (size_t)(colon - m));
+        match_text = strdup(colon + 1);
+    }
     armed_pid = (pid_t)syscall(SYS_getpid);
 }
 

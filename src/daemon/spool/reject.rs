@@ -255,7 +255,10 @@ pub fn recover_rejected(w: &mut Writer, l: &Layout, ctx: &dyn Context, since_ms:
             }
             r
         };
-        if r.code == RejectionCode::DuplicateRunId || check_entry(&entry, &md).is_err() {
+        // As the claim does: a bad name is refused before its body is read,
+        // and a duplicate id names someone else's run; neither gets a run.
+        if matches!(r.code, RejectionCode::DuplicateRunId | RejectionCode::BadName) || check_entry(&entry, &md).is_err()
+        {
             continue;
         }
         let Ok(raw) = fsutil::read_nofollow(&entry, MAX_REQUEST_BYTES + 1) else { continue };
