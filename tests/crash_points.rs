@@ -17,11 +17,12 @@
 //! `inject=...:when=N` was the other candidate, but it counts per syscall and
 //! per thread (not one sequence per process) and ptrace slows every call.
 //!
-//! `cargo test --test crash_points` runs an even sample of the points (a
-//! stride chosen to fit about two minutes per role); the full enumeration is
+//! `cargo test --test crash_points` runs an evenly spread sample of the
+//! points, as many as fit in about two minutes per role; the full enumeration is
 //! `RUNSPOOL_CRASH_ALL=1 cargo test --release --test crash_points -- --nocapture`.
 //! `RUNSPOOL_CRASH_POINTS=3,17` runs just those points (to replay a finding),
-//! `RUNSPOOL_CRASH_STRIDE=k` every k-th.
+//! `RUNSPOOL_CRASH_STRIDE=k` every k-th; `RUNSPOOL_CRASH_KEEP_TRACE=FILE`
+//! keeps the counting run's list of calls (FILE.daemon, FILE.runner).
 
 mod common;
 
@@ -319,10 +320,6 @@ fn hook_lines(env: &TestEnv) -> Vec<String> {
     fs::read_to_string(env.work.join("hooks.log")).unwrap_or_default().lines().map(str::to_string).collect()
 }
 
-fn cli_quiet(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    env.cli(args)
-}
-
 /// The runner of `id`, when its status names a live runspool runner for it.
 fn runner_pid(env: &TestEnv, id: &str) -> Option<i64> {
     let st = env.status(id)?;
@@ -368,18 +365,18 @@ fn run_point(role: Role, at: u64) -> Point {
     let day = 86_400_000i64;
     env.fabricate_terminal_run("old-done", "default", now_ms() - 40 * day, "complete");
     env.fabricate_result("old-done");
-    let o = cli_quiet(&env, &["pause", "--reason", "crash points"]);
+    let o = env.cli(&["pause", "--reason", "crash points"]);
     assert!(o.status.success(), "runspool pause: {}", describe(&o));
     let w_req = withdrawn(&work);
     drop_req(&env, &w_req);
 
     p.start_armed(&mut env);
-    let o = cli_quiet(&env, &["stop", "w-drawn", "--reason", "crash points"]);
+    let o = env.cli(&["stop", "w-drawn", "--reason", "crash points"]);
     if !o.status.success() {
         p.problems
             .push(format!("`runspool stop w-drawn` of a pending request in a paused queue failed: {}", describe(&o)));
     }
-    let o = cli_quiet(&env, &["resume"]);
+    let o = env.cli(&["resume"]);
     assert!(o.status.success(), "runspool resume: {}", describe(&o));
 
     let mut reqs = batch(&work);
@@ -396,7 +393,7 @@ fn run_point(role: Role, at: u64) -> Point {
 
     // A stop of a running run.
     if p.wait(&mut env, "l-stop starts its step", |e| started(e, "l-stop") || terminal(e, "l-stop")) {
-        cli_quiet(&env, &["stop", "l-stop", "--reason", "crash points"]);
+        env.cli(&["stop", "l-stop", "--reason", "crash points"]);
     }
     // A runner killed under its run: the daemon repairs the run.
     if p.wait(&mut env, "k-kill starts its step", |e| started(e, "k-kill") || terminal(e, "k-kill")) {
@@ -413,7 +410,7 @@ fn run_point(role: Role, at: u64) -> Point {
     }
     // An interrupt, then `clean --state paused`.
     if p.wait(&mut env, "i-int starts its step", |e| started(e, "i-int") || terminal(e, "i-int")) {
-        cli_quiet(&env, &["stop", "--interrupt", "i-int"]);
+        env.cli(&["stop", "--interrupt", "i-int"]);
         if p.wait(&mut env, "i-int ends", |e| terminal(e, "i-int")) && env.state("i-int").as_deref() == Some("paused") {
             remove_when_done(&mut p, &mut env, &["clean", "--state", "paused"], "i-int");
         }
@@ -653,9 +650,15 @@ fn count(role: Role) -> (u64, Point) {
     let text = fs::read_to_string(&p.trace).unwrap_or_default();
     let _ = fs::remove_file(&p.trace);
     let mut per_pid: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_call: BTreeMap<String, u64> = BTreeMap::new();
     for l in text.lines().filter(|l| l.starts_with("count ")) {
-        let pid = l.split(' ').nth(1).unwrap_or("").to_string();
-        *per_pid.entry(pid).or_default() += 1;
+        let mut f = l.split(' ').skip(1);
+        *per_pid.entry(f.next().unwrap_or("").to_string()).or_default() += 1;
+        *per_call.entry(f.nth(1).unwrap_or("").to_string()).or_default() += 1;
+    }
+    report(&format!("crash points ({}): calls by kind over {} processes: {per_call:?}", role.name(), per_pid.len()));
+    if let Ok(keep) = std::env::var("RUNSPOOL_CRASH_KEEP_TRACE") {
+        let _ = fs::write(format!("{keep}.{}", role.name()), &text);
     }
     (per_pid.values().copied().max().unwrap_or(0), p)
 }
@@ -673,28 +676,34 @@ fn enumerate(role: Role) {
     // Counts vary a little from run to run (timers, rescans): a margin past
     // the counted end covers points that only a slower run reaches.
     let end = total + total / 10 + 1;
+    // Every point, in an order that spreads any prefix evenly over 1..=end
+    // (1, then the middle, then the quarters, ...): a run cut short by the
+    // time budget has still sampled the whole workload.
+    let all = std::env::var("RUNSPOOL_CRASH_ALL").is_ok();
     let points: Vec<u64> = if let Ok(list) = std::env::var("RUNSPOOL_CRASH_POINTS") {
         list.split(',').filter_map(|s| s.trim().parse().ok()).collect()
     } else {
-        let stride = match (std::env::var("RUNSPOOL_CRASH_ALL").is_ok(), std::env::var("RUNSPOOL_CRASH_STRIDE")) {
-            (true, _) => 1,
-            (false, Ok(k)) => k.parse::<u64>().expect("RUNSPOOL_CRASH_STRIDE is a whole number"),
-            (false, Err(_)) => {
-                let fit = (SAMPLE_BUDGET.as_secs_f64() / one.as_secs_f64().max(0.1)).max(8.0) as u64;
-                end.div_ceil(fit).max(1)
-            }
-        };
-        // Start at an offset inside the stride so the sample is not always 1, 1+k, ...
-        (1..=end).filter(|n| n % stride == 1 % stride).collect()
+        let stride = std::env::var("RUNSPOOL_CRASH_STRIDE")
+            .map(|k| k.parse::<u64>().expect("RUNSPOOL_CRASH_STRIDE is a whole number"))
+            .unwrap_or(1)
+            .max(1);
+        spread((1..=end).filter(|n| (n - 1) % stride == 0).collect())
     };
+    let budget = (!all && std::env::var("RUNSPOOL_CRASH_POINTS").is_err()).then_some(SAMPLE_BUDGET);
     report(&format!(
-        "crash points ({}): {total} calls counted in one workload ({one:?}); running {} points of 1..={end}",
+        "crash points ({}): {total} calls counted in one workload ({one:?}); {} points of 1..={end} to run{}",
         role.name(),
-        points.len()
+        points.len(),
+        budget.map(|b| format!(", for at most {b:?} (RUNSPOOL_CRASH_ALL=1 runs them all)")).unwrap_or_default()
     ));
     let mut violations = vec![];
     let mut crashed = 0;
+    let mut ran = 0;
     for &n in &points {
+        if budget.is_some_and(|b| started_at.elapsed() > b) {
+            break;
+        }
+        ran += 1;
         let p = run_point(role, n);
         let kills = p.kills();
         let _ = fs::remove_file(&p.trace);
@@ -708,7 +717,7 @@ fn enumerate(role: Role) {
         }
     }
     report(&format!(
-        "crash points ({}): {} points run, {crashed} of them killed a process, {} with violations, in {:?}",
+        "crash points ({}): {ran} of {} points run, {crashed} of them killed a process, {} with violations, in {:?}",
         role.name(),
         points.len(),
         violations.len(),
@@ -720,6 +729,28 @@ fn enumerate(role: Role) {
         violations.len(),
         violations.join("\n  ")
     );
+}
+
+/// `v` reordered so that every prefix is spread evenly over it: by the
+/// bit-reversed index (van der Corput order).
+fn spread(v: Vec<u64>) -> Vec<u64> {
+    let bits = usize::BITS - v.len().max(1).leading_zeros();
+    let mut keyed: Vec<(usize, u64)> =
+        v.iter().enumerate().map(|(i, n)| (i.reverse_bits() >> (usize::BITS - bits), *n)).collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, n)| n).collect()
+}
+
+#[test]
+fn spread_orders_a_prefix_evenly() {
+    assert_eq!(spread((1..=8).collect()), vec![1, 5, 3, 7, 2, 6, 4, 8]);
+    let v = spread((1..=555).collect());
+    let mut sorted = v.clone();
+    sorted.sort();
+    assert_eq!(sorted, (1..=555).collect::<Vec<u64>>(), "every point once");
+    let mut head: Vec<u64> = v[..16].to_vec();
+    head.sort();
+    assert!(head.windows(2).all(|w| w[1] - w[0] <= 64), "the first 16 cover 1..=555 evenly: {head:?}");
 }
 
 #[test]
