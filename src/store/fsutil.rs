@@ -116,7 +116,7 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()
 
 /// Remove temp files (`.<base>.<pid>.<ms>.<hex>.tmp`) left in `dir` by a
 /// writer that was killed mid-write. Temps of live processes other than us
-/// are left alone: a runner may be writing right now.
+/// are left alone: a runner may be writing right now. A zombie is not live.
 pub fn sweep_temps(dir: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
     let me = std::process::id();
@@ -129,7 +129,9 @@ pub fn sweep_temps(dir: &Path) -> usize {
         }
         let parts: Vec<&str> = name.rsplitn(5, '.').collect(); // tmp, hex, ms, pid, rest
         let Some(pid) = parts.get(3).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != me && crate::platform::pid_alive(pid) {
+        // A zombie is a writer that is gone: its parent (a daemon killed
+        // meanwhile) may never reap it, and its temp must not stay for that.
+        if pid != me && crate::platform::pid_alive(pid) && !crate::platform::is_zombie(pid) {
             continue;
         }
         if std::fs::remove_file(e.path()).is_ok() {
