@@ -62,15 +62,19 @@ fn shim() -> &'static Path {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/crash_points/crashpoint.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("crashpoint-{}.so", std::process::id()));
+        // Built under a name of this process, then renamed over the shared
+        // one: a concurrent test binary never loads a half-written library.
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("crashpoint.so");
+        let tmp = out.with_extension(format!("so.{}", std::process::id()));
         let o = Command::new("cc")
             .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
-            .arg(&out)
+            .arg(&tmp)
             .arg(&src)
             .arg("-ldl")
             .output()
             .unwrap_or_else(|e| panic!("cannot run `cc` to build {}: {e}; install a C compiler (gcc)", src.display()));
         assert!(o.status.success(), "building {} failed:\n{}", src.display(), String::from_utf8_lossy(&o.stderr));
+        fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {} to {}: {e}", tmp.display(), out.display()));
         out
     })
 }
