@@ -576,7 +576,9 @@ fn copy_capped(mut from: impl io::Read, mut to: std::fs::File, max: u64, path: &
 /// Create hook.json only if it does not exist. Ok(false): it already did.
 fn create_record(dir: &Path, r: &HookRecord) -> io::Result<bool> {
     let target = record_path(dir);
-    let tmp = dir.join(format!(".hook.json.{}.tmp", std::process::id()));
+    // Named as sweep_temps expects: a daemon killed before the rename leaves
+    // a temp the next start removes.
+    let tmp = fsutil::temp_name(&target);
     fsutil::write_atomic(&tmp, &serde_json::to_vec_pretty(r).map_err(io::Error::other)?, true)?;
     let res = crate::platform::rename_noreplace(&tmp, &target);
     let _ = std::fs::remove_file(&tmp);

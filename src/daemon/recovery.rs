@@ -355,7 +355,10 @@ fn queued_or_running(env: &Env, id: &RunId, s: Status) -> Effect {
 /// the spool: its dot files belong to clients).
 fn sweep_shared_temps(env: &Env) {
     let l = env.layout;
+    // The hook records and the list cache are written atomically too: a
+    // daemon killed mid-write leaves its temp there (docs/crash-points.md).
     let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir()];
+    dirs.extend(["hooks-pending", "hooks-running", "recent-cache"].map(|d| l.daemon_dir().join(d)));
     for parent in [l.terminal(), l.results().join("result-pending"), l.results().join("result-index/sessions")] {
         if let Ok(rd) = std::fs::read_dir(&parent) {
             dirs.extend(rd.flatten().map(|e| e.path()));

@@ -70,7 +70,9 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir)?.sync_all()
 }
 
-fn temp_name(target: &Path) -> PathBuf {
+/// A temp name for `target` in its directory, in the form [`sweep_temps`]
+/// recognises (so a writer killed before its rename leaves nothing for good).
+pub fn temp_name(target: &Path) -> PathBuf {
     let base = target.file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
     let tail = format!(".{}.{}.{:08x}.tmp", std::process::id(), crate::now_ms(), uuid::Uuid::new_v4().as_u128() as u32);
     let name = if 1 + base.len() + tail.len() > 255 {
@@ -114,7 +116,7 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()
 
 /// Remove temp files (`.<base>.<pid>.<ms>.<hex>.tmp`) left in `dir` by a
 /// writer that was killed mid-write. Temps of live processes other than us
-/// are left alone: a runner may be writing right now.
+/// are left alone: a runner may be writing right now. A zombie is not live.
 pub fn sweep_temps(dir: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
     let me = std::process::id();
@@ -127,7 +129,9 @@ pub fn sweep_temps(dir: &Path) -> usize {
         }
         let parts: Vec<&str> = name.rsplitn(5, '.').collect(); // tmp, hex, ms, pid, rest
         let Some(pid) = parts.get(3).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != me && crate::platform::pid_alive(pid) {
+        // A zombie is a writer that is gone: its parent (a daemon killed
+        // meanwhile) may never reap it, and its temp must not stay for that.
+        if pid != me && crate::platform::pid_alive(pid) && !crate::platform::is_zombie(pid) {
             continue;
         }
         if std::fs::remove_file(e.path()).is_ok() {

@@ -401,7 +401,9 @@ fn finish_rejected_run(
     md: &std::fs::Metadata,
     r: &Rejection,
 ) -> bool {
-    if r.code == RejectionCode::DuplicateRunId || check_entry(entry, md).is_err() {
+    // As the claim does: a bad name is refused before its body is read, and
+    // a duplicate id names someone else's run; neither gets a run.
+    if matches!(r.code, RejectionCode::DuplicateRunId | RejectionCode::BadName) || check_entry(entry, md).is_err() {
         return true;
     }
     let Ok(raw) = fsutil::read_nofollow(entry, MAX_REQUEST_BYTES + 1) else { return false };
