@@ -357,9 +357,10 @@ fn sweep_shared_temps(env: &Env) {
     let l = env.layout;
     // The hook records and the list cache are written atomically too: a
     // daemon killed mid-write leaves its temp there (docs/crash-points.md).
-    let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir()];
+    let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir(), l.results().join("result-index/runs")];
     dirs.extend(["hooks-pending", "hooks-running", "recent-cache"].map(|d| l.daemon_dir().join(d)));
-    for parent in [l.terminal(), l.results().join("result-pending"), l.results().join("result-index/sessions")] {
+    let index = l.results().join("result-index");
+    for parent in [l.terminal(), l.results().join("result-pending"), index.join("sessions"), index.join("tool-calls")] {
         if let Ok(rd) = std::fs::read_dir(&parent) {
             dirs.extend(rd.flatten().map(|e| e.path()));
         }

@@ -70,6 +70,9 @@ pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
 /// crash in between leaves a terminal run without its marker, which the next
 /// start publishes again and the next sweep removes.
 pub(crate) fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
+    // Held until the directory is gone: a publication of this run
+    // (`results::finish_terminal`) waits for it, then finds no status.
+    let _lock = fsutil::lock(&crate::store::layout::RunPaths::status_lock(&l.run_dir(id)), false);
     let _ = fsutil::remove_if_exists(&l.result_file(id));
     for path in crate::store::results::result_index_paths(l, id, &s.session_id, s.tool_call_id.as_deref()) {
         let _ = fsutil::remove_if_exists(&path);

@@ -132,6 +132,20 @@ pub fn finish_terminal(w: &mut Writer, l: &Layout, id: &RunId, s: &Status) -> io
         // restart the result was published), and the active marker last, so a
         // terminal run is never missing from both indexes.
         Box::new(move || {
+            // Under the run's status lock, and only while the run still
+            // exists: `rm`, `clean` and retention remove a run holding that
+            // lock, so a publication that comes late (the daemon settling a
+            // runner that just exited) never brings back the result and
+            // markers of a run removed meanwhile.
+            let dir = l.run_dir(&id);
+            let _lock = match fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false) {
+                Ok(lock) => lock,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if std::fs::symlink_metadata(super::layout::RunPaths::status(&dir)).is_err() {
+                return Ok(());
+            }
             publish_result(&l, &id, &s)?;
             index::mark_terminal(&l, &s)?;
             index::unmark_active(&l, &id, s.tool_call_id.as_deref())
