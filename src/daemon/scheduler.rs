@@ -154,6 +154,8 @@ pub struct Scheduler {
     starting: Option<(RunId, Entry)>,
     pending: PendingIds,
     next_gate_check: Option<Instant>,
+    /// A `GATE_POLL` pass is due to bring `waiting` up to date.
+    show_due: bool,
     counts: Counts,
     seq: u64,
     pub ctl: queue::Control,
@@ -376,17 +378,20 @@ impl Scheduler {
         }
         if pass {
             self.next_gate_check = (!self.runs.is_empty()).then(|| now + GATE_POLL);
+            self.show_due = true;
         }
     }
 
     /// Bring `waiting`, `waitingFor` and `held` of the queued runs' statuses
     /// up to date (at most `WAITING_WRITES_PER_PASS` writes), and the
     /// counts for daemon.json. Called after the starts of a turn, with
-    /// what limits starts now; does its work every `GATE_POLL` or when `force`.
+    /// what limits starts now; does its work every `GATE_POLL` (or when
+    /// `force`, or when the counts lag behind the queue).
     pub fn show_waiting(&mut self, env: &mut Env, slots: &Slots, force: bool) {
-        if !force && self.next_gate_check.is_some_and(|t| Instant::now() < t) && !self.counts_stale() {
+        if !force && !self.show_due && !self.counts_stale() {
             return;
         }
+        self.show_due = false;
         let now_ms = crate::now_ms();
         let paused = self.ctl.paused();
         let mut counts = Counts::default();
