@@ -312,7 +312,7 @@ impl Daemon {
         }
         let slots = Slots { lanes: &mut lanes, cfg: &self.cfg };
         let env = &mut Env { layout: &self.layout, cfg: &self.cfg, w: &mut self.w, watch: &mut self.watch };
-        self.scheduler.show_waiting(env, &slots, false);
+        self.scheduler.show_waiting(env, &slots);
     }
 
     /// Start queued runs while the global limit and their lanes' leave room.

@@ -344,7 +344,8 @@ impl Scheduler {
             let ms = (*t - crate::now_ms()).clamp(0, 24 * 3600 * 1000) as u64;
             Instant::now() + Duration::from_millis(ms)
         });
-        let gates = self.next_gate_check.filter(|_| !self.runs.is_empty());
+        // Also once after the queue emptied: the counts are brought to zero.
+        let gates = self.next_gate_check;
         [retry, self.next_inbox_poll, self.ctl.next_wake(), dirty, timer, gates].into_iter().flatten().min()
     }
 
@@ -356,7 +357,8 @@ impl Scheduler {
     /// Before starts: look at the dependencies of the runs marked (and,
     /// every `GATE_POLL`, of every waiting run), fail the runs a dependency
     /// fails, release the runs whose `notBefore` came, and every
-    /// `GATE_POLL` bring each queued run's `waiting` up to date.
+    /// `GATE_POLL` have `show_waiting` bring each queued run's `waiting`
+    /// (and daemon.json's counts) up to date.
     /// `active`: does this daemon know the run as running?
     pub fn settle_gates(&mut self, env: &mut Env, active: &dyn Fn(&str) -> bool, out: &mut Vec<Effect>) {
         let now = Instant::now();
@@ -385,10 +387,9 @@ impl Scheduler {
     /// Bring `waiting`, `waitingFor` and `held` of the queued runs' statuses
     /// up to date (at most `WAITING_WRITES_PER_PASS` writes), and the
     /// counts for daemon.json. Called after the starts of a turn, with
-    /// what limits starts now; does its work every `GATE_POLL` (or when
-    /// `force`, or when the counts lag behind the queue).
-    pub fn show_waiting(&mut self, env: &mut Env, slots: &Slots, force: bool) {
-        if !force && !self.show_due && !self.counts_stale() {
+    /// what limits starts now; does its work after each `GATE_POLL` pass.
+    pub fn show_waiting(&mut self, env: &mut Env, slots: &Slots) {
+        if !self.show_due {
             return;
         }
         self.show_due = false;
@@ -407,15 +408,25 @@ impl Scheduler {
             } else {
                 Reason::MaxRunning
             });
-            *counts.by_lane.entry(e.lane.clone()).or_insert(0) += 1;
+            match counts.by_lane.get_mut(&e.lane) {
+                Some(n) => *n += 1,
+                None => {
+                    counts.by_lane.insert(e.lane.clone(), 1);
+                }
+            }
             *counts.by_reason.entry(reason.as_str().to_string()).or_insert(0) += 1;
-            let want = Shown {
-                waiting: Some(reason.as_str().to_string()),
-                waiting_for: e.after.iter().map(|d| d.to_string()).collect(),
-                held: e.held,
-            };
-            let due = reason.own() || e.since.elapsed() >= WAITING_AFTER || e.shown.waiting.is_some();
-            if want != e.shown && due && writes.len() < WAITING_WRITES_PER_PASS {
+            let shown = &e.shown;
+            let same = shown.waiting.as_deref() == Some(reason.as_str())
+                && shown.held == e.held
+                && shown.waiting_for.len() == e.after.len()
+                && shown.waiting_for.iter().zip(&e.after).all(|(a, b)| a == b.as_str());
+            let due = reason.own() || e.since.elapsed() >= WAITING_AFTER || shown.waiting.is_some();
+            if !same && due && writes.len() < WAITING_WRITES_PER_PASS {
+                let want = Shown {
+                    waiting: Some(reason.as_str().to_string()),
+                    waiting_for: e.after.iter().map(|d| d.to_string()).collect(),
+                    held: e.held,
+                };
                 writes.push((id.clone(), want));
             }
         }
@@ -440,11 +451,6 @@ impl Scheduler {
                 Err(e) => tracing::warn!(run_id = %id, error = %e, "could not record why a queued run waits"),
             }
         }
-    }
-
-    /// The counts for daemon.json lag behind the queue's length.
-    fn counts_stale(&self) -> bool {
-        self.counts.by_lane.values().sum::<usize>() != self.runs.len()
     }
 
     /// Look at the dependencies of queued run `id` (PROTOCOL §15): those
