@@ -285,8 +285,21 @@ impl Scheduler {
             return None;
         }
         self.retry_at = None;
-        let mut best: Option<(i64, Reverse<(i64, u64)>, String)> = None;
-        for (lane, heap) in self.lanes.iter_mut() {
+        let lane = self.best_lane(slots)?;
+        let q = self.lanes.get_mut(&lane)?.pop()?;
+        let e = self.runs.remove(&q.run_id)?;
+        *slots.lanes.entry(lane.clone()).or_insert(0) += 1;
+        self.running_lane.insert(q.run_id.clone(), lane);
+        watch.unwatch_control(&q.run_id);
+        self.starting = Some((q.run_id.clone(), e));
+        Some(q)
+    }
+
+    /// The lane whose head starts next: the best head (priority, then claim
+    /// order) among the lanes with room. Stale heap entries are dropped.
+    fn best_lane(&mut self, slots: &Slots) -> Option<String> {
+        let mut best: Option<(&Queued, &String)> = None;
+        for heap in self.lanes.values_mut() {
             // Drop what went stale: stopped, failed, or held since it was pushed.
             while let Some(top) = heap.peek() {
                 match self.runs.get(&top.run_id) {
@@ -296,24 +309,18 @@ impl Scheduler {
                     }
                 }
             }
+        }
+        self.lanes.retain(|_, h| !h.is_empty());
+        for (lane, heap) in &self.lanes {
             let Some(top) = heap.peek() else { continue };
             if slots.lane_full(lane) {
                 continue;
             }
-            let key = (top.priority, top.order, lane.clone());
-            if best.as_ref().is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
-                best = Some(key);
+            if best.is_none_or(|(b, _)| (top.priority, top.order) > (b.priority, b.order)) {
+                best = Some((top, lane));
             }
         }
-        self.lanes.retain(|_, h| !h.is_empty());
-        let (_, _, lane) = best?;
-        let q = self.lanes.get_mut(&lane)?.pop()?;
-        let e = self.runs.remove(&q.run_id)?;
-        *slots.lanes.entry(lane.clone()).or_insert(0) += 1;
-        self.running_lane.insert(q.run_id.clone(), lane);
-        watch.unwatch_control(&q.run_id);
-        self.starting = Some((q.run_id.clone(), e));
-        Some(q)
+        best.map(|(_, lane)| lane.clone())
     }
 
     /// A runner started: the backoff is over.
@@ -772,26 +779,7 @@ mod tests {
 
     /// Pop what `next_ready` would pick, ignoring backoff and watches.
     fn pick(s: &mut Scheduler, lanes: &mut HashMap<String, usize>, cfg: &Config) -> Option<String> {
-        let mut best: Option<(i64, Reverse<(i64, u64)>, String)> = None;
-        for (lane, heap) in s.lanes.iter_mut() {
-            while let Some(top) = heap.peek() {
-                match s.runs.get(&top.run_id) {
-                    Some(e) if e.in_heap && e.gen == top.gen => break,
-                    _ => {
-                        heap.pop();
-                    }
-                }
-            }
-            let Some(top) = heap.peek() else { continue };
-            let slots = Slots { lanes, cfg };
-            if slots.lane_full(lane) {
-                continue;
-            }
-            if best.as_ref().is_none_or(|b| (top.priority, top.order) > (b.0, b.1)) {
-                best = Some((top.priority, top.order, lane.clone()));
-            }
-        }
-        let (_, _, lane) = best?;
+        let lane = s.best_lane(&Slots { lanes: &mut *lanes, cfg })?;
         let q = s.lanes.get_mut(&lane)?.pop()?;
         s.runs.remove(&q.run_id);
         *lanes.entry(lane).or_insert(0) += 1;
