@@ -23,6 +23,16 @@ pub struct Config {
     pub log: Log,
     pub hooks: Hooks,
     pub providers: BTreeMap<String, Provider>,
+    /// `[lanes.NAME]`: per-lane limits (PROTOCOL §15).
+    pub lanes: BTreeMap<String, Lane>,
+}
+
+/// `[lanes.NAME]`: at most `max_running` runs of lane NAME have a live
+/// runner at once (the global `max_running` still caps them all).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Lane {
+    pub max_running: usize,
 }
 
 /// `[hooks]`: commands run when a run ends (see src/daemon/hooks.rs).
@@ -99,6 +109,7 @@ impl Default for Config {
             log: Log::default(),
             hooks: Hooks::default(),
             providers: BTreeMap::new(),
+            lanes: BTreeMap::new(),
         }
     }
 }
@@ -268,6 +279,13 @@ impl Config {
         for name in old.providers.keys().filter(|n| !self.providers.contains_key(*n)) {
             out.push(format!("providers.{name} removed"));
         }
+        for (name, l) in &self.lanes {
+            let was = old.lanes.get(name).map(|o| o.max_running.to_string()).unwrap_or_else(|| "(none)".into());
+            item(&mut out, &format!("lanes.{name}.max_running"), was, l.max_running.to_string(), false);
+        }
+        for name in old.lanes.keys().filter(|n| !self.lanes.contains_key(*n)) {
+            out.push(format!("lanes.{name} removed"));
+        }
         out
     }
 
@@ -278,11 +296,27 @@ impl Config {
         }
     }
 
+    /// The cap of `lane`'s runs with a live runner, when `[lanes.NAME]` sets one.
+    pub fn lane_max_running(&self, lane: &str) -> Option<usize> {
+        self.lanes.get(lane).map(|l| l.max_running)
+    }
+
     /// Every value the daemon refuses, in file order of the checks.
     fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.max_running == 0 {
             out.push("max_running is 0; set it to 1 or more".into());
+        }
+        for (name, l) in &self.lanes {
+            if !crate::protocol::is_id(name, 64) {
+                out.push(format!(
+                    "lanes.{name}: the lane name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}; rename the table"
+                ));
+            } else if l.max_running == 0 {
+                out.push(format!(
+                    "lanes.{name}.max_running is 0; set it to 1 or more (a lane cannot be closed; hold its runs instead)"
+                ));
+            }
         }
         if self.default_timeout_ms > crate::protocol::request::MAX_TIMEOUT_MS {
             out.push(format!(
@@ -376,7 +410,7 @@ impl Config {
                 path.push(u);
             }
             // A bad provider table goes whole: what is left of it would only add follow-on errors.
-            if path.first().is_some_and(|p| p == "providers") {
+            if path.first().is_some_and(|p| p == "providers" || p == "lanes") {
                 path.truncate(2);
             }
             if path.is_empty() || path.iter().any(|p| p.starts_with('[') || p == ".") || !remove(&mut table, &path) {
@@ -608,6 +642,18 @@ mod tests {
             "root (default) -> /r (not applied: --root /x wins; the config's root is ignored)"
         );
     }
+    #[test]
+    fn lanes() {
+        let c = Config::parse("max_running = 8\n[lanes.gpu]\nmax_running = 1\n").unwrap();
+        assert_eq!((c.lane_max_running("gpu"), c.lane_max_running("default")), (Some(1), None));
+        let e = Config::parse("[lanes.gpu]\nmax_runing = 1\n").unwrap_err().to_string();
+        assert!(e.contains("max_runing"), "{e}");
+        let e = Config::parse("[lanes.gpu]\nmax_running = 0\n").unwrap_err().to_string();
+        assert!(e.contains("lanes.gpu.max_running"), "{e}");
+        let old = Config::parse("").unwrap();
+        assert_eq!(c.changes_from(&old, None), ["max_running 4 -> 8", "lanes.gpu.max_running (none) -> 1"]);
+    }
+
     #[test]
     fn providers() {
         let c = Config::parse(

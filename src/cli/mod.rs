@@ -11,6 +11,7 @@ mod logs;
 mod manage;
 mod pending;
 mod queue_cmd;
+mod schedule;
 mod submit;
 mod target;
 mod text;
@@ -309,6 +310,24 @@ reports in daemon.json `queue`. Requests submitted meanwhile wait in the spool."
         #[arg(long)]
         reset: bool,
     },
+    /// Hold a queued run: it stays queued and never starts until `runspool release`
+    #[command(after_help = "Examples:
+  runspool hold build-43
+  runspool status build-43         # held, waiting: held
+  runspool release build-43
+
+Writes control/hold.json into the run; the daemon records `\"held\": true` in its status.json,
+which survives daemon restarts. Only a queued run of runspool's can be held; submit with --hold
+to queue a run held from the start.")]
+    Hold {
+        /// Run id, or a unique prefix of 8 or more characters
+        run: String,
+    },
+    /// Release a held run: it starts as its lane, dependencies and limits allow
+    Release {
+        /// Run id, or a unique prefix of 8 or more characters
+        run: String,
+    },
     /// Show or change how many runs may run at once, over the config's max_running, at run time
     #[command(after_help = "Examples:
   runspool max-running 1           # one at a time from now on (running runs are not stopped)
@@ -445,6 +464,8 @@ pub fn main() -> i32 {
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
+                Cmd::Hold { run } => schedule::hold(&layout, &run, true),
+                Cmd::Release { run } => schedule::hold(&layout, &run, false),
                 Cmd::Service(sc) => service(cli.root.as_deref(), sc),
                 Cmd::Restart { run, json } => manage::restart(&layout, &run, json),
                 Cmd::Rm { runs, json } => manage::rm(&layout, &runs, json),

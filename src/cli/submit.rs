@@ -13,7 +13,7 @@ use crate::store::{fsutil, Layout};
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n\n\
+    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n  runspool submit --lane gpu --after build-42 -- ./train.sh   # after build-42 completed, one gpu run at a time\n  runspool submit --hold --delay 10m -- ./nightly.sh   # not before 10 minutes from now, and only once released\n\n\
 The run's time limit defaults to the daemon's `default_timeout_ms` (30 minutes unless configured; 0: none).\n\
 Exit codes with --wait or --follow: the run's exit code (0 when it completed); 124 when --wait-timeout expires (the run or request goes on);\n\
 2 when the request was rejected."
@@ -52,6 +52,8 @@ pub struct SubmitArgs {
     /// With --wait: give up waiting after this long (exit 124; the run goes on)
     #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, requires = "wait")]
     wait_timeout: Option<Duration>,
+    #[command(flatten)]
+    schedule: super::schedule::ScheduleArgs,
     /// The command and its arguments (after --)
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -174,5 +176,6 @@ fn from_args(a: &SubmitArgs) -> anyhow::Result<(Vec<u8>, String)> {
     if a.priority != 0 {
         req["priority"] = json!(a.priority);
     }
+    super::schedule::apply(&a.schedule, &mut req);
     Ok((serde_json::to_vec_pretty(&req)?, run_id))
 }

@@ -18,6 +18,7 @@
 
 pub mod bridge;
 pub mod dead_runner;
+pub mod deps;
 pub mod hint;
 pub mod hooks;
 mod part;
@@ -45,7 +46,7 @@ use crate::store::{Layout, Writer};
 pub use hint::Hint;
 use part::{Effect, Env};
 use recovery::Recovery;
-use scheduler::Scheduler;
+use scheduler::{Scheduler, Slots};
 use storage::Storage;
 use supervisor::{Start, Supervisor};
 use watch::Watch;
@@ -229,6 +230,9 @@ impl Daemon {
             self.apply(std::mem::take(&mut out));
         }
         self.supervisor.reap();
+        let supervisor = &self.supervisor;
+        self.scheduler.settle_gates(&mut env!(self), &|id| supervisor.knows(id), &mut out);
+        self.apply(std::mem::take(&mut out));
         self.start_runs(&mut out);
         self.supervisor.check(&mut env!(self), &self.bridge, &mut out);
         self.intake.mark_claimed(&mut env!(self));
@@ -262,9 +266,16 @@ impl Daemon {
                 }
                 Effect::Adopt(id) => {
                     self.hooks.track(&self.cfg.hooks, &id);
+                    // Its lane counts against the lane limits (PROTOCOL §15).
+                    if let Ok(Some(s)) = crate::store::run::read_status(&self.layout.run_dir(&id)) {
+                        self.scheduler.note_running(&id, s.lane());
+                    }
                     self.supervisor.adopt(id);
                 }
-                Effect::Ended(id) => self.hooks.ended(&id),
+                Effect::Ended(id) => {
+                    self.scheduler.ended(&id);
+                    self.hooks.ended(&id);
+                }
                 Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
@@ -292,12 +303,23 @@ impl Daemon {
     /// Start queued runs while slots are free. A runner needs the queued
     /// status on disk (and files of its own): while writes are deferred,
     /// nothing new starts.
+    ///
+    /// Then the queued runs' `waiting` is brought up to date (PROTOCOL §15).
     fn start_runs(&mut self, out: &mut Vec<Effect>) {
-        if !self.w.is_idle() {
-            return;
+        let mut lanes = self.scheduler.lane_counts(self.supervisor.slots());
+        if self.w.is_idle() {
+            self.start_some(&mut lanes, out);
         }
+        let slots = Slots { lanes: &mut lanes, cfg: &self.cfg };
+        let env = &mut Env { layout: &self.layout, cfg: &self.cfg, w: &mut self.w, watch: &mut self.watch };
+        self.scheduler.show_waiting(env, &slots);
+    }
+
+    /// Start queued runs while the global limit and their lanes' leave room.
+    fn start_some(&mut self, lanes: &mut std::collections::HashMap<String, usize>, out: &mut Vec<Effect>) {
         while self.scheduler.free_slots(self.supervisor.len(), self.cfg.max_running) > 0 {
-            let Some(q) = self.scheduler.next_ready(&mut self.watch) else { break };
+            let mut slots = Slots { lanes: &mut *lanes, cfg: &self.cfg };
+            let Some(q) = self.scheduler.next_ready(&mut self.watch, &mut slots) else { break };
             match self.supervisor.start(&mut env!(self), &q.run_id, out) {
                 Start::Started => self.scheduler.started(),
                 Start::Retry { message } => {
@@ -338,7 +360,13 @@ impl Daemon {
     fn write_report(&mut self, force: bool) {
         let facts = report::Facts {
             runs: RunCounts { queued: self.scheduler.len(), running: self.supervisor.len() },
-            queue: self.scheduler.ctl.info(self.cfg.max_running),
+            queue: {
+                let mut q = self.scheduler.ctl.info(self.cfg.max_running);
+                let c = self.scheduler.counts();
+                (q.by_lane, q.by_reason, q.running_by_lane) =
+                    (c.by_lane.clone(), c.by_reason.clone(), c.running_by_lane.clone());
+                q
+            },
             degraded: self.storage.degraded(&self.w),
             last_rescan_at: self.recovery.last_rescan_at(),
             min_free_bytes: self.cfg.storage.min_free_bytes,

@@ -147,6 +147,7 @@ impl Control {
             max_running: self.max_running(configured),
             max_running_override: self.overriding(),
             error: self.error.clone(),
+            ..Default::default()
         }
     }
 

@@ -16,6 +16,14 @@ const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// daemon.json is rewritten at least this often (its `updatedAt` says the daemon lives).
 const REPORT_AT_LEAST: Duration = Duration::from_secs(60);
 
+/// The queue objects are equal but for their counts.
+fn same_control(a: &Option<QueueInfo>, b: &Option<QueueInfo>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.same_control(b),
+        (a, b) => a == b,
+    }
+}
+
 /// What the rest of the daemon knows that daemon.json reports.
 pub struct Facts {
     pub runs: RunCounts,
@@ -120,7 +128,7 @@ impl Reporter {
         // runners for the CPU.
         let urgent = r.storage.state != self.status.storage.state
             || r.watch.backend != self.status.watch.backend
-            || r.queue != self.status.queue;
+            || !same_control(&r.queue, &self.status.queue);
         if !force && !urgent && self.last_write.elapsed() < REPORT_EVERY {
             self.due = Some(self.last_write + REPORT_EVERY);
             return;

@@ -1,6 +1,8 @@
 //! `runspool/daemon.json` (PROTOCOL §10): what the daemon reports about
 //! itself, read by the CLI (`status`, `doctor`, `providers`) and by clients.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -40,7 +42,7 @@ pub struct StewardInfo {
 /// `daemon.json` `queue`: whether claiming and starting are paused (since
 /// when, why), the effective `maxRunning` and the queue file's override of
 /// the config's, and why a queue file present is ignored.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueInfo {
     pub paused: bool,
@@ -53,6 +55,29 @@ pub struct QueueInfo {
     pub max_running_override: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Queued runs per lane (PROTOCOL §15; lanes with none left out).
+    #[serde(default)]
+    pub by_lane: BTreeMap<String, usize>,
+    /// Queued runs per `waiting` reason: `held`, `dependencies`,
+    /// `not-before`, `paused`, `lane`, `max_running`.
+    #[serde(default)]
+    pub by_reason: BTreeMap<String, usize>,
+    /// Runs with a live runner per lane.
+    #[serde(default)]
+    pub running_by_lane: BTreeMap<String, usize>,
+}
+
+impl QueueInfo {
+    /// Equal apart from the counts (which change with every claim and start).
+    pub fn same_control(&self, o: &QueueInfo) -> bool {
+        let strip = |q: &QueueInfo| QueueInfo {
+            by_lane: BTreeMap::new(),
+            by_reason: BTreeMap::new(),
+            running_by_lane: BTreeMap::new(),
+            ..q.clone()
+        };
+        strip(self) == strip(o)
+    }
 }
 
 /// `daemon.json` `config`: the file the daemon loaded (null: none, the

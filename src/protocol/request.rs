@@ -31,11 +31,13 @@ pub enum RejectionCode {
     UnknownProvider,
     /// A pending request withdrawn by its client (`runspool stop`).
     Withdrawn,
+    /// An `after` entry names neither a run nor a request in the spool (§15).
+    UnknownDependency,
 }
 
 impl RejectionCode {
-    /// Every code, in PROTOCOL §2.3's order (`Withdrawn`, a client's act, last).
-    pub const ALL: [RejectionCode; 12] = [
+    /// Every code, in PROTOCOL §2.3's order (`Withdrawn`, a client's act, then §15's).
+    pub const ALL: [RejectionCode; 13] = [
         RejectionCode::BadName,
         RejectionCode::NotRegularFile,
         RejectionCode::BadOwner,
@@ -48,6 +50,7 @@ impl RejectionCode {
         RejectionCode::CwdMissing,
         RejectionCode::UnknownProvider,
         RejectionCode::Withdrawn,
+        RejectionCode::UnknownDependency,
     ];
 
     /// The code as written on disk.
@@ -65,6 +68,7 @@ impl RejectionCode {
             RejectionCode::CwdMissing => "cwd-missing",
             RejectionCode::UnknownProvider => "unknown-provider",
             RejectionCode::Withdrawn => "withdrawn",
+            RejectionCode::UnknownDependency => "unknown-dependency",
         }
     }
 
@@ -130,8 +134,49 @@ pub struct Request {
     /// recorded as `restartOf` in the new run's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_of: Option<String>,
+    /// Scheduling (PROTOCOL §15): the lane, default `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
+    /// Runs that must end before this one starts (1 to 64 run ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<String>>,
+    /// `success` (default): a dependency that ended other than `complete`
+    /// fails this run; `any`: it starts regardless.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_policy: Option<AfterPolicy>,
+    /// Not started before this time (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<i64>,
+    /// Queued held: never started until `control/release.json` arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<bool>,
     pub steps: Vec<Item>,
 }
+
+/// `afterPolicy` (PROTOCOL §15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AfterPolicy {
+    #[default]
+    Success,
+    Any,
+}
+
+impl AfterPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AfterPolicy::Success => "success",
+            AfterPolicy::Any => "any",
+        }
+    }
+}
+
+/// The lane of a request or run without one.
+pub const DEFAULT_LANE: &str = "default";
+/// Most entries in `after`.
+pub const MAX_AFTER: usize = 64;
+/// Latest `notBefore` accepted: the year 9999.
+pub const MAX_NOT_BEFORE_MS: i64 = 253_402_300_799_999;
 
 /// A top-level entry of `steps`: a plain step or a parallel group.
 #[derive(Debug, Clone, Serialize)]
@@ -253,6 +298,22 @@ impl Request {
 
     pub fn session(&self) -> &str {
         self.session_id.as_deref().unwrap_or("default")
+    }
+
+    /// The run's lane (§15).
+    pub fn lane(&self) -> &str {
+        self.lane.as_deref().unwrap_or(DEFAULT_LANE)
+    }
+
+    /// The run ids of `after`, each once, in request order.
+    pub fn dependencies(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for id in self.after.iter().flatten() {
+            if !out.contains(id) {
+                out.push(id.clone());
+            }
+        }
+        out
     }
 
     /// The run time limit in ms; 0 means none (config `default_timeout_ms = 0`).
@@ -529,6 +590,50 @@ fn check_step(path: &str, s: &Step, ctx: &dyn Context) -> Result<(), Rejection> 
     Ok(())
 }
 
+/// `lane`, `after`, `notBefore` (PROTOCOL §15). Whether each dependency
+/// exists is the claimer's to check (`unknown-dependency`).
+fn check_scheduling(r: &Request) -> Result<(), Rejection> {
+    if let Some(l) = &r.lane {
+        if !super::is_id(l, 64) {
+            return Err(field(format!(
+                "field `lane` is `{}`; it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}",
+                l.escape_debug()
+            )));
+        }
+    }
+    if let Some(after) = &r.after {
+        if after.is_empty() || after.len() > MAX_AFTER {
+            return Err(field(format!(
+                "field `after` has {} run ids; it needs 1 to {MAX_AFTER} (leave it out for none)",
+                after.len()
+            )));
+        }
+        for (i, id) in after.iter().enumerate() {
+            if !super::is_id(id, 255) {
+                return Err(field(format!(
+                    "field `after[{i}]` is `{}`; it must be a run id matching [A-Za-z0-9][A-Za-z0-9._-]*",
+                    id.escape_debug()
+                )));
+            }
+            if r.run_id.as_deref() == Some(id.as_str()) {
+                return Err(field(format!(
+                    "field `after[{i}]` names this request's own runId `{id}`; a run cannot wait for itself"
+                )));
+            }
+        }
+    } else if r.after_policy.is_some() {
+        return Err(field("field `afterPolicy` is set without `after`; add `after` or remove `afterPolicy`".into()));
+    }
+    if let Some(t) = r.not_before {
+        if !(0..=MAX_NOT_BEFORE_MS).contains(&t) {
+            return Err(field(format!(
+                "field `notBefore` is {t}; it must be a time in milliseconds since the Unix epoch (0 to {MAX_NOT_BEFORE_MS})"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn check(r: &Request, ctx: &dyn Context) -> Result<(), Rejection> {
     if let Some(id) = &r.run_id {
         if !super::is_id(id, 128) {
@@ -546,6 +651,7 @@ fn check(r: &Request, ctx: &dyn Context) -> Result<(), Rejection> {
             )));
         }
     }
+    check_scheduling(r)?;
     check_len("sessionId", &r.session_id, 4096)?;
     check_len("toolCallId", &r.tool_call_id, 4096)?;
     check_len("completionOwnerId", &r.completion_owner_id, 256)?;
@@ -636,6 +742,7 @@ mod tests {
                 "cwd-missing",
                 "unknown-provider",
                 "withdrawn",
+                "unknown-dependency",
             ]
         );
         for c in RejectionCode::ALL {
@@ -701,6 +808,37 @@ mod tests {
         );
         let deep = format!("{}{}", "[".repeat(10000), "]".repeat(10000));
         assert_eq!(code(&deep), "invalid-json");
+    }
+
+    #[test]
+    fn scheduling_fields() {
+        let base =
+            |extra: &str| format!(r#"{{"version":1,"runId":"me","cwd":"/",{extra}"steps":[{{"command":["a"]}}]}}"#);
+        let r =
+            v(&base(r#""lane":"gpu","after":["x","y","x"],"afterPolicy":"any","notBefore":5,"hold":true,"#)).unwrap();
+        assert_eq!(
+            (r.lane(), r.dependencies(), r.after_policy),
+            ("gpu", vec!["x".into(), "y".into()], Some(AfterPolicy::Any))
+        );
+        assert_eq!((r.not_before, r.hold), (Some(5), Some(true)));
+        assert_eq!(v(&base("")).unwrap().lane(), "default");
+        for bad in [
+            r#""lane":"a/b","#,
+            r#""lane":"","#,
+            r#""after":[],"#,
+            r#""after":["../x"],"#,
+            r#""after":["me"],"#,
+            r#""afterPolicy":"any","#,
+            r#""after":["x"],"afterPolicy":"some","#,
+            r#""notBefore":-1,"#,
+            r#""hold":"yes","#,
+        ] {
+            let e = v(&base(bad)).unwrap_err();
+            assert_eq!(e.code, RejectionCode::InvalidField, "{bad}: {e}");
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("\"r{i}\"")).collect();
+        let e = v(&base(&format!(r#""after":[{}],"#, many.join(",")))).unwrap_err();
+        assert!(e.message.contains("after") && e.message.contains("64"), "{e}");
     }
 
     #[test]

@@ -180,6 +180,45 @@ pub struct Status {
     pub extra: Map<String, Value>,
 }
 
+/// The status fields of a request's scheduling (PROTOCOL §15), and why it
+/// waits from the start: held, dependencies, or a `notBefore` to come (the
+/// daemon corrects `waiting` and `waitingFor` as they change).
+fn scheduling_fields(req: &super::request::Request, now: i64) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    if let Some(l) = &req.lane {
+        out.push(("lane".to_string(), Value::String(l.clone())));
+    }
+    let after = req.dependencies();
+    if !after.is_empty() {
+        out.push(("after".to_string(), Value::from(after.clone())));
+        let policy = req.after_policy.unwrap_or_default();
+        out.push(("afterPolicy".to_string(), Value::String(policy.as_str().into())));
+    }
+    if let Some(t) = req.not_before {
+        out.push(("notBefore".to_string(), Value::from(t)));
+    }
+    let held = req.hold == Some(true);
+    if held {
+        out.push(("held".to_string(), Value::Bool(true)));
+    }
+    let waiting = if held {
+        Some("held")
+    } else if !after.is_empty() {
+        Some("dependencies")
+    } else if req.not_before.is_some_and(|t| t > now) {
+        Some("not-before")
+    } else {
+        None
+    };
+    if let Some(w) = waiting {
+        out.push(("waiting".to_string(), Value::String(w.into())));
+    }
+    if !after.is_empty() {
+        out.push(("waitingFor".to_string(), Value::from(after)));
+    }
+    out
+}
+
 /// How the steps a run leaves unfinished (pending or running) end with it
 /// (`Status::end`).
 #[derive(Debug, Clone, PartialEq)]
@@ -320,8 +359,76 @@ impl Status {
             extra: Map::from_iter(
                 [("launchedBy".to_string(), Value::String("runspool".into()))]
                     .into_iter()
-                    .chain(req.restart_of.clone().map(|id| ("restartOf".to_string(), Value::String(id)))),
+                    .chain(req.restart_of.clone().map(|id| ("restartOf".to_string(), Value::String(id))))
+                    .chain(scheduling_fields(req, now)),
             ),
+        }
+    }
+
+    /// The run's lane (PROTOCOL §15): `lane`, else `default`.
+    pub fn lane(&self) -> &str {
+        match self.extra.get("lane").and_then(Value::as_str) {
+            Some(l) if super::is_id(l, 64) => l,
+            _ => super::request::DEFAULT_LANE,
+        }
+    }
+
+    /// `after`: the run ids this run waits for (those that are run ids).
+    pub fn after(&self) -> Vec<String> {
+        let list = self.extra.get("after").and_then(Value::as_array);
+        list.into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|s| super::is_id(s, 255))
+            .map(String::from)
+            .collect()
+    }
+
+    /// `afterPolicy` is `any`.
+    pub fn after_any(&self) -> bool {
+        self.extra.get("afterPolicy").and_then(Value::as_str) == Some("any")
+    }
+
+    /// `notBefore`, ms.
+    pub fn not_before(&self) -> Option<i64> {
+        self.extra.get("notBefore").and_then(Value::as_i64)
+    }
+
+    /// `held: true`.
+    pub fn held(&self) -> bool {
+        self.extra.get("held").and_then(Value::as_bool) == Some(true)
+    }
+
+    pub fn set_held(&mut self, held: bool) {
+        if held {
+            self.extra.insert("held".into(), Value::Bool(true));
+        } else {
+            self.extra.remove("held");
+        }
+    }
+
+    /// `waiting`: why a queued run has not started.
+    pub fn waiting(&self) -> Option<&str> {
+        self.extra.get("waiting").and_then(Value::as_str)
+    }
+
+    /// `waitingFor`: the dependencies not yet ended.
+    pub fn waiting_for(&self) -> Vec<String> {
+        let list = self.extra.get("waitingFor").and_then(Value::as_array);
+        list.into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
+    }
+
+    /// Record why a queued run waits (None: it does not) and for which
+    /// dependencies (empty: none; the field is left out).
+    pub fn set_waiting(&mut self, waiting: Option<&str>, waiting_for: &[String]) {
+        match waiting {
+            Some(w) => self.extra.insert("waiting".into(), Value::String(w.into())),
+            None => self.extra.remove("waiting"),
+        };
+        if waiting_for.is_empty() {
+            self.extra.remove("waitingFor");
+        } else {
+            self.extra.insert("waitingFor".into(), Value::from(waiting_for.to_vec()));
         }
     }
 

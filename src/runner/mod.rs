@@ -223,6 +223,8 @@ fn mark_running(w: &mut Writer, dir: &Path, pid: u32, containment: &str) -> std:
         }
         s.state = State::Running;
         s.started_at = now;
+        // Why it waited is over (PROTOCOL §15); `notBefore` and `after` stay as asked.
+        s.set_waiting(None, &[]);
         // timeoutMs 0: no run time limit (config `default_timeout_ms = 0`).
         s.deadline_at = (s.timeout_ms > 0).then(|| now + s.timeout_ms as i64);
         s.pid = Some(pid);

@@ -207,6 +207,9 @@ pub const STOP_REQUESTS_DIR: &str = "stop-requests";
 pub const CONTROL_STOP: &str = "stop.json";
 pub const CONTROL_TIMEOUT: &str = "timeout.json";
 pub const CONTROL_INTERRUPT: &str = "interrupt.json";
+/// Hold and release of a queued run (PROTOCOL §15), acted on by the daemon.
+pub const CONTROL_HOLD: &str = "hold.json";
+pub const CONTROL_RELEASE: &str = "release.json";
 
 /// Files of one run directory (PROTOCOL §3).
 pub struct RunPaths;

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::daemon::deps::Dep;
 use crate::platform::rename_noreplace;
 use crate::protocol::is_id;
 use crate::protocol::request::{self, Context, Rejection, RejectionCode, Request, MAX_REQUEST_BYTES};
@@ -93,7 +94,32 @@ impl Claimer<'_> {
                 return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
             }
         };
+        if let Err(r) = self.check_dependencies(&req) {
+            let run_id = req.run_id.as_deref().and_then(RunId::parse);
+            return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
+        }
         self.claim(&path, name, file, req, &raw)
+    }
+
+    /// Every `after` entry names a run (any state, any host's) or a request
+    /// still in the spool (PROTOCOL §15); else `unknown-dependency`.
+    fn check_dependencies(&mut self, req: &Request) -> Result<(), Rejection> {
+        for (i, dep) in req.after.iter().flatten().enumerate() {
+            let known = RunId::parse(dep)
+                .is_some_and(|id| crate::daemon::deps::look(self.layout, &id, self.pending) != Dep::Gone);
+            if !known {
+                return Err(Rejection::new(
+                    RejectionCode::UnknownDependency,
+                    format!(
+                        "field `after[{i}]` names `{dep}`, which is neither a run under {} nor a request in {}; \
+                         submit that run first, or fix the id",
+                        self.layout.runs().display(),
+                        self.layout.spool().display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Steps 6 to 8.

@@ -39,11 +39,19 @@ pub struct Intake {
     retry_at: Option<Instant>,
     /// Claimed in this turn: their active markers follow the start of runners.
     claimed: Vec<crate::store::RunId>,
+    pending: crate::daemon::deps::PendingIds,
 }
 
 impl Default for Intake {
     fn default() -> Self {
-        Intake { dirty: true, backlog: VecDeque::new(), grace: Grace::default(), retry_at: None, claimed: Vec::new() }
+        Intake {
+            dirty: true,
+            backlog: VecDeque::new(),
+            grace: Grace::default(),
+            retry_at: None,
+            claimed: Vec::new(),
+            pending: Default::default(),
+        }
     }
 }
 
@@ -92,7 +100,13 @@ impl Intake {
         let mut done = 0;
         while done < CLAIMS_PER_TURN {
             let Some(name) = self.backlog.pop_front() else { break };
-            let mut claimer = Claimer { layout: env.layout, w: &mut *env.w, ctx: env.cfg, grace: &mut self.grace };
+            let mut claimer = Claimer {
+                layout: env.layout,
+                w: &mut *env.w,
+                ctx: env.cfg,
+                grace: &mut self.grace,
+                pending: &mut self.pending,
+            };
             match claimer.process(&name) {
                 Outcome::Claimed(id, s) => {
                     done += 1;

@@ -122,6 +122,8 @@ pub struct Claimer<'a> {
     pub w: &'a mut Writer,
     pub ctx: &'a dyn Context,
     pub grace: &'a mut Grace,
+    /// Requests in the spool, for `after` (PROTOCOL §15).
+    pub pending: &'a mut crate::daemon::deps::PendingIds,
 }
 
 /// When the daemon first saw each unparsable entry in its current form

@@ -68,6 +68,11 @@ impl Supervisor {
         self.running.contains_key(run_id) || self.settling.iter().any(|s| s.as_str() == run_id)
     }
 
+    /// The runs holding a slot (what `len` counts).
+    pub fn slots(&self) -> impl Iterator<Item = &RunId> {
+        self.running.keys()
+    }
+
     pub fn ids(&self) -> impl Iterator<Item = &RunId> {
         self.running.keys().chain(self.settling.iter())
     }
