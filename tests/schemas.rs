@@ -483,7 +483,7 @@ const BEYOND_THE_SCHEMA: &[(&str, &str)] = &[
 
 /// Rejections for reasons of the file or the daemon, out of any schema's
 /// reach: the body of such an entry (when it has one) is a valid request.
-const FILE_LEVEL: [&str; 9] = [
+const FILE_LEVEL: [&str; 10] = [
     "bad-name",
     "not-regular-file",
     "bad-owner",
@@ -493,6 +493,8 @@ const FILE_LEVEL: [&str; 9] = [
     "unknown-provider",
     "duplicate-run-id",
     "withdrawn",
+    // Whether a dependency exists is the daemon's state at the claim.
+    "unknown-dependency",
 ];
 
 fn body_of(e: &Value, work: &str) -> Option<Vec<u8>> {
