@@ -85,6 +85,19 @@ fn default_timeout_ms_zero_means_no_limit() {
     env.check_consistency();
 }
 
+/// PROTOCOL §2.2: a run whose request sets no limit has none unless the
+/// daemon is configured with one (a long build is never killed by a default).
+#[test]
+fn no_run_limit_unless_configured() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    env.submit(&request(Some("dt-none"), &env.work, vec![sh_step("s", "true")]));
+    let st = env.wait_terminal("dt-none");
+    assert_eq!(st["state"], "complete", "{st}");
+    assert_eq!(st["timeoutMs"], 0, "{st}");
+    assert!(st["deadlineAt"].is_null(), "no deadline without a limit: {st}");
+}
+
 #[test]
 fn default_timeout_ms_out_of_range_is_refused_by_name() {
     let env = TestEnv::new();

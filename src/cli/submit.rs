@@ -14,7 +14,7 @@ use crate::store::{fsutil, Layout};
 #[derive(Args)]
 #[command(
     after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n  runspool submit --lane gpu --after build-42 -- ./train.sh   # after build-42 completed, one gpu run at a time\n  runspool submit --hold --delay 10m -- ./nightly.sh   # not before 10 minutes from now, and only once released\n\n\
-The run's time limit defaults to the daemon's `default_timeout_ms` (30 minutes unless configured; 0: none).\n\
+The run's time limit defaults to the daemon's `default_timeout_ms` (none unless configured).\n\
 Exit codes with --wait or --follow: the run's exit code (0 when it completed); 124 when --wait-timeout expires (the run or request goes on);\n\
 2 when the request was rejected."
 )]
@@ -34,7 +34,7 @@ pub struct SubmitArgs {
     /// Environment variable for the step, repeatable
     #[arg(long, value_name = "K=V")]
     env: Vec<String>,
-    /// The run's time limit (500ms, 30s, 5m, 1h; default: the daemon's default_timeout_ms, 30m unless configured)
+    /// The run's time limit (500ms, 30s, 5m, 1h; default: the daemon's default_timeout_ms, none unless configured)
     #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, conflicts_with = "timeout")]
     run_timeout: Option<Duration>,
     /// Deprecated: the run's time limit; use --run-timeout (or --wait-timeout for how long --wait waits)

@@ -11,7 +11,10 @@ use std::fmt;
 
 pub const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
 pub const MAX_STEPS: usize = 256;
-pub const DEFAULT_TIMEOUT_MS: u64 = 30 * 60 * 1000;
+/// The run limit of a request without `timeoutMs` when the daemon's
+/// `default_timeout_ms` is not configured: none (PROTOCOL §2.2): a long
+/// build or agent run is not killed by a default nobody chose.
+pub const DEFAULT_TIMEOUT_MS: u64 = 0;
 pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// The rejection codes of PROTOCOL §2.3, written as `code` in
