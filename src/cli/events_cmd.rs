@@ -26,7 +26,7 @@ fn since_ms(arg: &str) -> anyhow::Result<i64> {
 pub fn events(layout: &Layout, since: Option<&str>, follow: bool) -> anyhow::Result<i32> {
     let since = since.map(since_ms).transpose()?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let mut events = Client::from_layout(layout.clone()).events(since, follow).peekable();
+    let mut events = Client::from_layout(layout.clone()).events(since, follow);
     while let Some(e) = events.next() {
         match e {
             Ok(e) => writeln!(out, "{}", e.line)?,
@@ -35,7 +35,7 @@ pub fn events(layout: &Layout, since: Option<&str>, follow: bool) -> anyhow::Res
             Err(e) => bail!("cannot read the runs under {}: {e}", layout.runs().display()),
         }
         // Nothing more ready: what was read goes out before the next wait.
-        if follow && events.peek().is_none() {
+        if follow && events.buffered() == 0 {
             out.flush()?;
         }
     }

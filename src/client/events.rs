@@ -110,6 +110,13 @@ impl Events {
         self
     }
 
+    /// How many events are read and ready: the next this many calls of
+    /// `next` return at once, without looking at any file. A writer can
+    /// flush its output when none is left, before the iterator waits.
+    pub fn buffered(&self) -> usize {
+        self.ready.len()
+    }
+
     /// One look at every run: new lines queued in `ready`. `skip`: record
     /// where each file ends without reading (the start of a follow from now).
     fn pass(&mut self, skip: bool) {
