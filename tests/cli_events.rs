@@ -29,7 +29,7 @@ fn lines_on_disk(env: &TestEnv) -> BTreeMap<String, Vec<String>> {
 
 fn publish(client: &Client, env: &TestEnv, id: &str, argv: &[&str], n: usize) {
     let req = json!({"version": 1, "runId": id, "cwd": env.work, "steps": [{"command": argv}]});
-    let how = if n % 2 == 0 { Publish::Rename } else { Publish::Flock };
+    let how = if n.is_multiple_of(2) { Publish::Rename } else { Publish::Flock };
     client.publish(&serde_json::to_vec(&req).unwrap(), id, how).expect("publish");
 }
 

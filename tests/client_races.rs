@@ -47,7 +47,7 @@ fn every_stage_right_after_submit(strategy: &str) {
                 }
                 let id = format!("burst-{n}");
                 let req = json!({"version": 1, "runId": id, "cwd": env.work, "steps": [{"command": ["true"]}]});
-                let how = if n % 2 == 0 { Publish::Rename } else { Publish::Flock };
+                let how = if n.is_multiple_of(2) { Publish::Rename } else { Publish::Flock };
                 client.publish(&serde_json::to_vec(&req).unwrap(), &id, how).expect("publish a burst request");
                 burst_sent.fetch_add(1, Ordering::Relaxed);
                 ids.push(id);

@@ -36,7 +36,7 @@ mod follow;
 mod target;
 
 pub use events::{Event, Events};
-pub use follow::{Follow, Output};
+pub use follow::{Follow, Lines, Output};
 pub use target::{await_claim, daemon_running, error_file, pending_names, read_error, resolve, Pending, Target};
 
 use std::io::Write as _;
