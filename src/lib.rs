@@ -2,8 +2,9 @@
 //!
 //! The filesystem is the API (see docs/protocol-notes.md and PROTOCOL.md):
 //! `protocol` holds the pure types and validation, `store` every file
-//! operation, `daemon` the resident loop, `runner` one run, `cli` the
-//! user-facing commands.
+//! operation, `daemon` the resident loop, `runner` one run, `client` what a
+//! program needs to drive runspool (submit, status, wait, follow, stop, list,
+//! events; see [`client::Client`]), `cli` the user-facing commands on top of it.
 
 /// Print a line on stderr, ignoring errors: a runner's stderr is a file in
 /// its run directory, and a full disk must not turn a diagnostic into a
@@ -17,6 +18,8 @@ macro_rules! note {
 }
 
 pub mod cli;
+#[warn(missing_docs)]
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod logging;

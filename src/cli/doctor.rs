@@ -235,11 +235,11 @@ fn daemon_checks(layout: &Layout, health: &Health) -> Vec<Check> {
 
 /// The filesystem under the root and the watch strategy the daemon would choose on it.
 fn filesystem_check(layout: &Layout, cfg: Option<&Config>) -> Check {
-    let fs = crate::daemon::watch::fs_type(root_or_slash(layout));
-    let choice = crate::daemon::watch::choose(
+    let fs = crate::platform::watch::fs_type(root_or_slash(layout));
+    let choice = crate::platform::watch::choose(
         std::env::consts::OS,
         fs.as_deref(),
-        crate::daemon::watch::Strategy::from_config(cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto")),
+        crate::platform::watch::Strategy::from_config(cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto")),
     );
     check(
         "filesystem",

@@ -7,8 +7,8 @@ use std::path::Path;
 use serde_json::json;
 
 use super::text::visible;
-use crate::daemon::queue;
 use crate::protocol::daemon::{DaemonStatus, QueueInfo};
+use crate::store::queue;
 use crate::store::{fsutil, Layout};
 
 /// daemon.json is rewritten at least every 60 s (PROTOCOL §10): older than
@@ -57,7 +57,7 @@ impl Health {
         // The CLI's own statvfs: a daemon that could not write `degraded` (a
         // 100% full disk) must not make a full disk look fine.
         let min = d.and_then(|d| d.storage.min_free_bytes).or(config_min).unwrap_or(DEFAULT_MIN_FREE);
-        let own = crate::daemon::report::space_shortage(root_or_slash(layout), min);
+        let own = crate::store::fsutil::space_shortage(root_or_slash(layout), min);
         let daemon_reason = d.and_then(|d| d.storage.reason.clone());
         let (storage_state, storage_reason) = match (d.map(|d| d.storage.state.as_str()), own) {
             (Some(s), _) if s != "ok" => (s.to_string(), daemon_reason),

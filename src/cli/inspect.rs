@@ -3,10 +3,10 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Context as _};
 use serde_json::json;
 
-use super::target::{age, load, read_error, resolve, Target};
+use super::text::age;
+use crate::client::{Client, ListFilter, Stage, Stopped, Target};
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
 use crate::store::{fsutil, index, run, Layout};
@@ -45,25 +45,31 @@ macro_rules! say {
 }
 
 pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
-    let id = match resolve(layout, run)? {
+    let client = Client::from_layout(layout.clone());
+    let id = match client.resolve(run)? {
         Target::Run(id) => id,
         Target::Pending(p) => return super::pending::status(layout, &p, json),
         Target::Rejected { name, error_file } => return super::pending::rejected_status(&name, &error_file),
     };
+    let dir = layout.run_dir(&id);
+    let stage = client.stage(&Target::Run(id.clone()));
+    if let Ok(Stage::Claimed(_)) = stage {
+        // Claimed a moment ago: its request is in its run, its status.json comes next.
+        return super::pending::claimed_status(layout, &id, json);
+    }
     if json {
         // Byte for byte, but never another run's status under this one's name.
-        if let Err(e) = run::read_status(&layout.run_dir(&id)).and(Ok(())) {
-            if run::is_identity_mismatch(&e) {
-                return Err(e.into());
+        if let Err(e) = &stage {
+            if e.downcast_ref::<std::io::Error>().is_some_and(run::is_identity_mismatch) {
+                return stage.map(|_| 0);
             }
         }
-        let raw = fsutil::read_nofollow(&RunPaths::status(&layout.run_dir(&id)), 64 * 1024 * 1024)?;
+        let raw = fsutil::read_nofollow(&RunPaths::status(&dir), 64 * 1024 * 1024)?;
         std::io::stdout().write_all(&raw)?;
         println!();
         return Ok(0);
     }
-    let dir = layout.run_dir(&id);
-    let s = match load(layout, &id) {
+    let stage = match stage {
         Ok(s) => s,
         Err(e) if !run::ownership(&dir, None).is_ours() => {
             // Another host's run whose status runspool cannot read: report it, touch nothing.
@@ -75,6 +81,7 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
         }
         Err(e) => return Err(e),
     };
+    let Some(s) = stage.status().cloned() else { unreachable!("a run directory's stage has a status or is claimed") };
     let style = Style::stdout();
     say!("run       {}", s.run_id);
     if !run::ownership(&dir, Some(&s)).is_ours() {
@@ -224,9 +231,6 @@ fn shorten(text: &str, max: usize) -> String {
     t
 }
 
-/// How many finished runs `list` shows without `--recent`.
-const DEFAULT_RECENT: usize = 20;
-
 pub fn list(
     layout: &Layout,
     active: bool,
@@ -234,24 +238,10 @@ pub fn list(
     session: Option<&str>,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let mut out: Vec<index::Listed> = Vec::new();
-    if recent.is_none() {
-        out.extend(
-            index::list_active(layout)
-                .with_context(|| format!("cannot read {}", layout.active().display()))?
-                .into_iter()
-                .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want))),
-        );
-    }
-    // One more than shown, to know whether older finished runs were left out.
-    let limit = recent.unwrap_or(DEFAULT_RECENT);
-    let mut capped = false;
-    if !active {
-        let mut finished = index::list_recent(layout, session, limit.saturating_add(1))?;
-        capped = finished.len() > limit;
-        finished.truncate(limit);
-        out.extend(finished);
-    }
+    let filter = ListFilter { active_only: active, recent, session: session.map(str::to_string) };
+    let listing = Client::from_layout(layout.clone()).list(&filter)?;
+    let (out, capped) = (listing.runs, listing.capped);
+    let limit = recent.unwrap_or(crate::client::DEFAULT_RECENT);
     if json {
         let rows: Vec<serde_json::Value> = out.iter().map(listed_json).collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -335,58 +325,21 @@ fn print_table(layout: &Layout, out: &[index::Listed]) {
 /// `stop`: ask a run to stop or pause (a stop request in its control inbox),
 /// or withdraw a request still in the spool.
 pub fn stop(layout: &Layout, run: &str, reason: Option<String>, interrupt: bool) -> anyhow::Result<i32> {
-    let id = match resolve(layout, run)? {
-        Target::Run(id) => id,
+    let client = Client::from_layout(layout.clone());
+    let target = match client.resolve(run)? {
         // Not yet claimed: withdrawn (an interrupt too: there is nothing to pause), unless the daemon wins.
         Target::Pending(p) => match super::pending::stop(layout, &p, reason.as_deref())? {
-            Some(id) => id,
+            Some(id) => Target::Run(id),
             None => return Ok(0),
         },
-        Target::Rejected { name, error_file } => {
-            let (code, message) = read_error(&error_file);
-            bail!(
-                "{name} was refused before it ran ({code}: {message}); nothing to stop (see {})",
-                error_file.display()
-            )
-        }
+        t => t,
     };
-    let dir = layout.run_dir(&id);
-    match run::read_status(&dir)? {
-        Some(s) => {
-            if !run::ownership(&dir, Some(&s)).is_ours() {
-                bail!(
-                    "run {id} was launched by another host (pi-subagents), not by runspool; runspool never writes \
-                     into it. Stop it from the host that launched it"
-                );
-            }
-            if !s.state.is_active() {
-                bail!("run {id} already ended ({}); nothing to stop", s.state.as_str());
-            }
+    match client.signal(&target, reason.as_deref(), interrupt)? {
+        Stopped::Requested { run_id, request } => {
+            let kind = if interrupt { "interrupt" } else { "stop" };
+            eprintln!("runspool: asked {run_id} to {kind} ({})", request.display());
         }
-        // Being claimed: the request is in its run, status.json follows. The
-        // request goes into the inbox all the same: the daemon reads it while
-        // the run is queued, the runner at its start, so it is never lost.
-        None if run::claimed(&dir) => {}
-        None => load(layout, &id).map(|_| ())?,
+        Stopped::Withdrawn(w) => super::pending::say_withdrawn(&w),
     }
-    let kind = if interrupt { "interrupt" } else { "stop" };
-    let ts = crate::now_ms();
-    let mut body = json!({"type": kind, "ts": ts, "source": "runspool-cli"});
-    if let Some(r) = reason {
-        body["reason"] = json!(r);
-    }
-    // A stop in pi-subagents 0.67's form (control/stop-requests/<ts>-<uuid>.json),
-    // which 0.67 runners and runspool's both consume; an interrupt in the one
-    // form both know, control/interrupt.json. Written by descriptor, never
-    // through a symlinked control/ or stop-requests/.
-    let (sub, name) = if interrupt {
-        (None, crate::store::layout::CONTROL_INTERRUPT.to_string())
-    } else {
-        let name = crate::protocol::control::stop_request_name(ts, &uuid::Uuid::new_v4().to_string());
-        (Some(crate::store::layout::STOP_REQUESTS_DIR), name)
-    };
-    let path = crate::store::inbox::write(&dir, sub, &name, &serde_json::to_vec(&body)?)
-        .with_context(|| format!("cannot write a {kind} request into {}", RunPaths::control(&dir).display()))?;
-    eprintln!("runspool: asked {id} to {kind} ({})", path.display());
     Ok(0)
 }

@@ -1,18 +1,16 @@
 //! `logs`: a run's step output, whole, its last lines, followed to the end,
 //! or as JSON.
 
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::ops::ControlFlow;
-use std::time::Duration;
+use std::io::{Read, Write};
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use serde_json::json;
 
-use super::target::{age, await_claim, error_file, load, read_error, resolve, Target};
-use super::text::visible;
+use super::text::{age, visible};
+use crate::client::{Client, Follow, Stage, Target, WaitError};
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
-use crate::store::{fsutil, run, Layout, RunId};
+use crate::store::{fsutil, Layout};
 
 /// `logs`: every chosen step's output (with `lines`, only the last N lines of
 /// each), streamed; with `follow`, until the run ends, then exit with the
@@ -25,81 +23,13 @@ pub fn logs(
     lines: Option<usize>,
     json_out: bool,
 ) -> anyhow::Result<i32> {
-    let id = match run_of(layout, run, follow)? {
-        ControlFlow::Continue(id) => id,
-        ControlFlow::Break(code) => return Ok(code),
-    };
-    let dir = layout.run_dir(&id);
-    let s = load(layout, &id)?;
-    let steps: Vec<usize> = match step {
-        Some(i) if i < s.steps.len() => vec![i],
-        Some(i) => bail!("run {id} has {} steps; --step {i} is out of range", s.steps.len()),
-        None => (0..s.steps.len()).collect(),
-    };
-    if json_out {
-        return logs_json(&dir, &s, &steps);
+    let client = Client::from_layout(layout.clone());
+    let target = client.resolve(run)?;
+    if follow {
+        return follow_target(layout, &target, step, lines);
     }
-    let mut offsets = vec![0u64; s.steps.len()];
-    if let Some(n) = lines {
-        for &i in &steps {
-            let path = RunPaths::output(&dir, i);
-            if let Ok(mut f) = fsutil::open_read(&path) {
-                offsets[i] = tail_start(&mut f, n)
-                    .with_context(|| format!("cannot read the end of {} (was it truncated?)", path.display()))?;
-            }
-        }
-    }
-    let mut out = std::io::stdout();
-    loop {
-        for &i in &steps {
-            let path = RunPaths::output(&dir, i);
-            // The output is the step's to write: never follow a link or wait on a FIFO there.
-            let Ok(mut f) = fsutil::open_read(&path) else { continue };
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            if len > offsets[i] {
-                if steps.len() > 1 && !follow {
-                    writeln!(out, "==> step {i} ({}) <==", visible(&s.steps[i].agent))?;
-                }
-                f.seek(SeekFrom::Start(offsets[i]))?;
-                // Streamed: the output may be far larger than memory.
-                offsets[i] += std::io::copy(&mut f.take(len - offsets[i]), &mut out)?;
-            }
-        }
-        out.flush()?;
-        if !follow {
-            return Ok(0);
-        }
-        if let Some(end) = run::read_status(&dir).ok().flatten().filter(|s| !s.state.is_active()) {
-            // One more pass after the end so the last lines are not lost.
-            follow_tail(&dir, &steps, &mut offsets)?;
-            let code = run_exit_code(&end);
-            if code != 0 {
-                // Said on stderr, so the output on stdout stays the steps' own.
-                let why = end.error.as_deref().map(|e| format!(": {}", visible(e))).unwrap_or_default();
-                eprintln!("runspool: {id} {} (exit {code}){why}", visible(end.state.as_str()));
-            }
-            return Ok(code);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The run `logs` reads: Continue(its id), or Break(the exit code) when
-/// there is no output to read (a request pending without `follow`, or
-/// refused before it ran).
-fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlow<i32, RunId>> {
-    Ok(match resolve(layout, run)? {
-        Target::Run(id) => ControlFlow::Continue(id),
-        Target::Pending(p) if follow => {
-            if !await_claim(layout, &p, None)? {
-                let ef = error_file(layout, &p.name);
-                let (code, message) = read_error(&ef);
-                let (code, message) = (visible(&code), visible(&message));
-                eprintln!("runspool: {} was refused before it ran ({code}): {message} (see {})", p.name, ef.display());
-                return Ok(ControlFlow::Break(2));
-            }
-            ControlFlow::Continue(p.run_id)
-        }
+    let id = match target {
+        Target::Run(id) => id,
         Target::Pending(p) => {
             eprintln!(
                 "runspool: {} is pending in the spool (for {}); no output yet (`runspool logs -f {}` waits for it)",
@@ -107,25 +37,105 @@ fn run_of(layout: &Layout, run: &str, follow: bool) -> anyhow::Result<ControlFlo
                 age(p.since_ms),
                 p.run_id
             );
-            return Ok(ControlFlow::Break(0));
+            return Ok(0);
         }
         Target::Rejected { name, error_file } => {
-            let (code, message) = read_error(&error_file);
+            let (code, message) = crate::client::read_error(&error_file);
             let (code, message) = (visible(&code), visible(&message));
-            if follow {
-                // As when the refusal comes while following: exit 2, whichever came first.
-                eprintln!(
-                    "runspool: {name} was refused before it ran ({code}): {message} (see {})",
-                    error_file.display()
-                );
-                return Ok(ControlFlow::Break(2));
-            }
             bail!(
                 "{name} was refused before it ran ({code}: {message}); it has no output (see {})",
                 error_file.display()
             )
         }
-    })
+    };
+    if let Stage::Claimed(_) = client.stage(&Target::Run(id.clone()))? {
+        eprintln!(
+            "runspool: {id} was just claimed and is not queued yet; no output yet (`runspool logs -f {id}` waits for it)"
+        );
+        return Ok(0);
+    }
+    let mut out = client.output(&id)?;
+    if let Some(i) = step {
+        out = out.only_step(i)?;
+    }
+    if json_out {
+        return logs_json(&layout.run_dir(&id), out.status(), out.steps());
+    }
+    if let Some(n) = lines {
+        out = out.tail(n)?;
+    }
+    print(&mut out, false)?;
+    Ok(0)
+}
+
+/// `logs -f` (and `submit --follow`) of any target: a request still in the
+/// spool is followed through its claim. Exit code: the run's
+/// (`run_exit_code`), 2 when it was refused before it had a run.
+pub(crate) fn follow_target(
+    layout: &Layout,
+    target: &Target,
+    step: Option<usize>,
+    lines: Option<usize>,
+) -> anyhow::Result<i32> {
+    let mut f = match Client::from_layout(layout.clone()).follow_target(target) {
+        Ok(f) => f,
+        Err(WaitError::Rejected { status: Some(s), .. } | WaitError::Withdrawn { status: Some(s), .. }) => {
+            return Ok(say_end(&s.run_id, &s))
+        }
+        // As when the refusal comes while following: exit 2, whichever came first.
+        Err(WaitError::Rejected { refusal, .. } | WaitError::Withdrawn { refusal, .. }) => {
+            let (code, message) = (visible(&refusal.code), visible(&refusal.message));
+            eprintln!(
+                "runspool: {} was refused before it ran ({code}): {message} (see {})",
+                refusal.name,
+                refusal.error_file.display()
+            );
+            return Ok(2);
+        }
+        Err(WaitError::Other(e)) => return Err(e),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(i) = step {
+        f = f.only_step(i)?;
+    }
+    if let Some(n) = lines {
+        f = f.tail(n)?;
+    }
+    print(&mut f, true)?;
+    let end = f.ended().cloned().unwrap_or_else(|| f.status().clone());
+    Ok(say_end(f.run_id(), &end))
+}
+
+/// The run `id` ended as `end`: say so on stderr when it did not complete
+/// (stdout stays the steps' own); its exit code.
+fn say_end(id: &str, end: &Status) -> i32 {
+    let code = run_exit_code(end);
+    if code != 0 {
+        let why = end.error.as_deref().map(|e| format!(": {}", visible(e))).unwrap_or_default();
+        eprintln!("runspool: {id} {} (exit {code}){why}", visible(end.state.as_str()));
+    }
+    code
+}
+
+/// Print what `f` yields on stdout; several steps read once each get a
+/// `==> step i (agent) <==` header, a follow is flushed as it comes.
+fn print(f: &mut Follow, follow: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    let headers = !follow && f.steps().len() > 1;
+    let mut last = None;
+    while let Some(o) = f.next() {
+        let o = o?;
+        if headers && last != Some(o.step) {
+            writeln!(out, "==> step {} ({}) <==", o.step, visible(&f.status().steps[o.step].agent))?;
+            last = Some(o.step);
+        }
+        out.write_all(&o.data)?;
+        if follow {
+            out.flush()?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// The exit code a command that followed a run to its end exits with: 0 for
@@ -136,50 +146,6 @@ pub(crate) fn run_exit_code(s: &Status) -> i32 {
     } else {
         s.exit_code.filter(|&c| c != 0).unwrap_or(1)
     }
-}
-
-/// Where the last `n` lines of `f` start, found by reading backwards from the
-/// end in bounded chunks (a final newline does not start an empty line).
-fn tail_start(f: &mut std::fs::File, n: usize) -> std::io::Result<u64> {
-    let len = f.metadata()?.len();
-    if n == 0 {
-        return Ok(len);
-    }
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut pos = len;
-    let mut seen = 0usize;
-    let mut last_byte = true;
-    while pos > 0 {
-        let chunk = (pos.min(buf.len() as u64)) as usize;
-        pos -= chunk as u64;
-        f.seek(SeekFrom::Start(pos))?;
-        f.read_exact(&mut buf[..chunk])?;
-        for j in (0..chunk).rev() {
-            if buf[j] == b'\n' {
-                if last_byte {
-                    last_byte = false;
-                    continue;
-                }
-                seen += 1;
-                if seen == n {
-                    return Ok(pos + j as u64 + 1);
-                }
-            }
-            last_byte = false;
-        }
-    }
-    Ok(0)
-}
-
-fn follow_tail(dir: &std::path::Path, steps: &[usize], offsets: &mut [u64]) -> anyhow::Result<()> {
-    let mut out = std::io::stdout();
-    for &i in steps {
-        if let Ok(mut f) = fsutil::open_read(&RunPaths::output(dir, i)) {
-            f.seek(SeekFrom::Start(offsets[i]))?;
-            std::io::copy(&mut f, &mut out)?;
-        }
-    }
-    Ok(())
 }
 
 /// `logs --json`: the array of steps, each with its whole output as a JSON

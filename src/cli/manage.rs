@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
-use super::target::Target;
+use crate::client::{pending_names, resolve, Target};
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
@@ -17,7 +17,7 @@ use crate::store::{fsutil, index, run, Layout, RunId};
 
 /// The run directory `arg` names; a pending or rejected request is refused with `what` to do.
 fn resolve_run(layout: &Layout, arg: &str, verb: &str) -> anyhow::Result<RunId> {
-    match super::target::resolve(layout, arg)? {
+    match resolve(layout, arg)? {
         Target::Run(id) => Ok(id),
         Target::Pending(p) => bail!(
             "`{arg}` is a request still in the spool ({}); there is no run to {verb} yet \
@@ -94,7 +94,7 @@ fn refusal(id: &RunId, dir: &Path, s: &Status) -> Option<String> {
 /// marker, then the directory via a tombstone).
 fn remove(layout: &Layout, id: &RunId, s: &Status) -> anyhow::Result<()> {
     let marker = index::terminal_marker_path(layout, s);
-    crate::daemon::retention::remove_run(layout, id, s, &marker);
+    crate::store::run::remove_run(layout, id, s, &marker);
     let dir = layout.run_dir(id);
     if std::fs::symlink_metadata(&dir).is_ok() {
         bail!("cannot remove {}: check its permissions and run `runspool rm {id}` again", dir.display());
@@ -198,7 +198,7 @@ pub fn complete_runs(layout: &Layout) -> i32 {
                 .collect()
         })
         .unwrap_or_default();
-    ids.extend(super::target::pending_names(layout));
+    ids.extend(pending_names(layout));
     ids.sort();
     ids.dedup();
     for id in ids {

@@ -5,6 +5,7 @@ mod args;
 mod config_cmd;
 mod docs;
 mod doctor;
+mod events_cmd;
 mod health;
 mod inspect;
 mod logs;
@@ -13,7 +14,6 @@ mod pending;
 mod queue_cmd;
 mod schedule;
 mod submit;
-mod target;
 mod text;
 mod wait;
 
@@ -215,6 +215,23 @@ With -f, exits with the run's exit code once it ends: 0 when it completed, else 
         /// Print each step's output as a JSON array (step, agent, status, exitCode, output)
         #[arg(long, conflicts_with_all = ["follow", "lines"])]
         json: bool,
+    },
+    /// Print every run's events as JSON lines, one stream across runs
+    #[command(after_help = "Examples:
+  runspool events                          # every event recorded so far
+  runspool events --since 1h               # those of the last hour
+  runspool events -f | jq -c 'select(.type == \"subagent.run.completed\")'
+
+Each line is an event as its run's events.jsonl holds it (with its `runId`), each exactly once, in the
+order it was written within its run. With --follow, from now on (or from --since) as runs start, write
+and end, until interrupted; a run removed meanwhile (retention, `runspool rm`) just stops.")]
+    Events {
+        /// Keep printing events as runs start, write and end
+        #[arg(short, long)]
+        follow: bool,
+        /// Only events at or after this time: ms since the epoch, or a duration ago (30s, 5m, 1h, 2d)
+        #[arg(long, value_name = "MS|DUR")]
+        since: Option<String>,
     },
     /// Print a shell completion script for bash, zsh, fish, elvish or powershell
     #[command(after_help = "Examples:
@@ -461,6 +478,7 @@ pub fn main() -> i32 {
                 Cmd::Wait { run, timeout, json } => wait::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
                 Cmd::Logs { run, step, follow, lines, json } => logs::logs(&layout, &run, step, follow, lines, json),
+                Cmd::Events { follow, since } => events_cmd::events(&layout, since.as_deref(), follow),
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),

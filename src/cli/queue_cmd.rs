@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 
-use crate::daemon::queue::{self, QueueFile};
+use crate::store::queue::{self, QueueFile};
 use crate::store::Layout;
 
 /// The file as it is, or a fresh one when there is none. An invalid file

@@ -8,8 +8,8 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::target::{read_error, resolve, Target};
 use super::text::visible;
+use crate::client::{read_error, resolve, Target};
 use crate::protocol::status::State;
 use crate::store::layout::{CONTROL_HOLD, CONTROL_RELEASE};
 use crate::store::{inbox, run, Layout};

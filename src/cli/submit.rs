@@ -8,8 +8,8 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::protocol::request;
-use crate::store::{fsutil, Layout};
+use crate::client::{daemon_running, Client, Publish};
+use crate::store::Layout;
 
 #[derive(Args)]
 #[command(
@@ -59,14 +59,6 @@ pub struct SubmitArgs {
     command: Vec<String>,
 }
 
-struct AnyProvider;
-impl request::Context for AnyProvider {
-    // The daemon knows its providers; the CLI checks everything else early.
-    fn provider_configured(&self, _: &str) -> bool {
-        true
-    }
-}
-
 pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
     if let Some(t) = a.timeout.take() {
         eprintln!(
@@ -79,7 +71,7 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
         Some(f) => from_file(f, a.run_id.as_deref())?,
         None => from_args(&a)?,
     };
-    let name = publish(layout, &bytes, &run_id)?;
+    let submitted = Client::from_layout(layout.clone()).publish(&bytes, &run_id, Publish::Rename)?;
     println!("{run_id}");
     if !daemon_running(layout) {
         eprintln!(
@@ -89,12 +81,10 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
     }
     if a.follow {
         // Like `logs -f`: waits for the claim of the request still in the spool, then for the end.
-        return super::logs::logs(layout, &run_id, None, true, None, false);
+        return super::logs::follow_target(layout, &submitted.target(), None, None);
     }
     if a.wait {
-        let id = crate::store::RunId::parse(&run_id)
-            .with_context(|| format!("run id `{run_id}` is not in the run-id grammar [A-Za-z0-9][A-Za-z0-9._-]*"))?;
-        return super::wait::wait_run(layout, &id, a.wait_timeout, Some(&name), false);
+        return super::wait::wait_target(layout, &submitted.target(), a.wait_timeout, false);
     }
     Ok(0)
 }
@@ -102,30 +92,7 @@ pub fn submit(layout: &Layout, mut a: SubmitArgs) -> anyhow::Result<i32> {
 /// Check a request as the daemon would and publish it in the spool as
 /// `<run_id>.json` (never replacing one); returns its file name there.
 pub(crate) fn publish(layout: &Layout, bytes: &[u8], run_id: &str) -> anyhow::Result<String> {
-    let value = request::parse(bytes).map_err(|r| anyhow::anyhow!("{}", r.message))?;
-    if let Err(r) = request::validate(bytes, &value, &AnyProvider) {
-        bail!("the request would be rejected ({}): {}", r.code, r.message);
-    }
-    // Refused by the daemon, a request there would never be claimed: say so with its words.
-    crate::store::safety::check_layout(layout)?;
-    let spool = layout.spool();
-    super::args::ensure_dir(&spool)?;
-    let name = format!("{run_id}.json");
-    let target = spool.join(&name);
-    if target.exists() {
-        bail!("{} already exists: a request with run id `{run_id}` is waiting to be claimed", target.display());
-    }
-    let tmp = spool.join(format!(".submit-{}.tmp", uuid::Uuid::new_v4()));
-    fsutil::write_atomic(&tmp, bytes, true).with_context(|| format!("cannot write {}", tmp.display()))?;
-    if let Err(e) = crate::platform::rename_noreplace(&tmp, &target) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot publish {}", target.display()));
-    }
-    Ok(name)
-}
-
-fn daemon_running(layout: &Layout) -> bool {
-    fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false)
+    Ok(Client::from_layout(layout.clone()).publish(bytes, run_id, Publish::Rename)?.name)
 }
 
 fn from_file(f: &PathBuf, run_id: Option<&str>) -> anyhow::Result<(Vec<u8>, String)> {

@@ -33,6 +33,17 @@ fn escape(text: &str, keep_lines: bool) -> String {
     out
 }
 
+/// How long ago `ms` was, for people: `42s`, `3m`, `2h`, `1d`.
+pub(crate) fn age(ms: i64) -> String {
+    let s = ((crate::now_ms() - ms) / 1000).max(0);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        3600..=86399 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

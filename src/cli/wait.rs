@@ -2,69 +2,49 @@
 //! to its end, with a live progress line on a terminal.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use serde_json::json;
 
-use super::target::{daemon_running, resolve, Target};
 use super::text::visible;
+use crate::client::{daemon_running, Client, Stage, Target, WaitError};
 use crate::protocol::status::{State, Status, StepState};
 use crate::store::{fsutil, run, Layout, RunId};
 
 /// `wait` for any target: a pending request is waited on through its claim.
 pub(crate) fn wait(layout: &Layout, arg: &str, timeout: Option<Duration>, json: bool) -> anyhow::Result<i32> {
-    match resolve(layout, arg)? {
-        Target::Run(id) => wait_run(layout, &id, timeout, None, json),
-        Target::Pending(p) => wait_run(layout, &p.run_id, timeout, Some(&p.name), json),
-        Target::Rejected { name, .. } => {
-            // A spool name's stem is in the run-id grammar: the run a rejection may have made.
-            let id = RunId::parse(name.trim_end_matches(".json"))
-                .with_context(|| format!("{name} names no run; see `runspool status {name}`"))?;
-            wait_run(layout, &id, timeout, Some(&name), json)
-        }
-    }
+    let target = Client::from_layout(layout.clone()).resolve(arg)?;
+    wait_target(layout, &target, timeout, json)
 }
 
-/// Wait for a terminal state. `spool_name`: the request as published, so a
-/// rejection (which may create no run) ends the wait too. On a terminal the
-/// wait keeps one live line (state, steps done, current step, elapsed); else
-/// it prints a plain line whenever the state or the current step changes.
-/// `json`: print the final status.json on stdout.
-pub(crate) fn wait_run(
+/// Wait for a terminal state of `target` (`Client::wait_for`). On a
+/// terminal the wait keeps one live line (state, steps done, current step,
+/// elapsed); else it prints a plain line whenever the state or the current
+/// step changes. `json`: print the final status.json (or the rejection's
+/// error file) on stdout.
+pub(crate) fn wait_target(
     layout: &Layout,
-    id: &RunId,
+    target: &Target,
     timeout: Option<Duration>,
-    spool_name: Option<&str>,
     json: bool,
 ) -> anyhow::Result<i32> {
+    let client = Client::from_layout(layout.clone());
     let start = Instant::now();
     let tty = !json && unsafe { libc::isatty(2) } == 1;
     let mut progress = Progress { tty, last_plain: String::new(), drawn: false };
-    let dir = layout.run_dir(id);
+    let id = target.run_id().map(|i| i.to_string()).unwrap_or_default();
     // Ctrl-C ends the wait, not the run: say so instead of vanishing silently.
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _ = signal_hook::flag::register(libc::SIGINT, interrupted.clone());
-    loop {
+    let r = client.wait_for(target, timeout, |stage| {
         if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
-            progress.clear();
-            eprintln!(
-                "runspool: stopped waiting; {id} goes on (`runspool status {id}`, `runspool stop {id}` to stop it)"
-            );
-            return Ok(130);
+            return ControlFlow::Break(());
         }
-        if let Some(s) = run::read_status(&dir).ok().flatten() {
-            if !s.state.is_active() {
-                progress.clear();
-                return ended(id, &s, json);
-            }
-            progress.show(id, &s, start.elapsed());
-        } else if let Some(name) = spool_name {
-            if let Some(code) = rejected(layout, name, json, &mut progress)? {
-                return Ok(code);
-            }
+        match stage {
+            Stage::Queued(s) | Stage::Running(s) => progress.show(&id, s, start.elapsed()),
             // A claim usually follows within milliseconds: say nothing for the first second.
-            if start.elapsed() >= Duration::from_secs(1) {
+            Stage::Pending(_) | Stage::Claimed(_) if start.elapsed() >= Duration::from_secs(1) => {
                 let why = if daemon_running(layout) {
                     "the daemon has not claimed it yet; `runspool status` shows why"
                 } else {
@@ -72,12 +52,35 @@ pub(crate) fn wait_run(
                 };
                 progress.line(&format!("{id} waiting to be claimed ({why})"), start.elapsed());
             }
+            _ => {}
         }
-        if let Some(t) = timeout.filter(|t| start.elapsed() >= *t) {
-            progress.clear();
-            return Ok(gave_up(layout, id, t, spool_name));
+        ControlFlow::Continue(())
+    });
+    progress.clear();
+    match r {
+        Ok(s) => ended(&id, &s, json),
+        Err(WaitError::Rejected { status: Some(s), .. } | WaitError::Withdrawn { status: Some(s), .. }) => {
+            ended(&id, &s, json)
         }
-        std::thread::sleep(Duration::from_millis(100));
+        Err(WaitError::Rejected { refusal, .. } | WaitError::Withdrawn { refusal, .. }) => {
+            rejected(&refusal.error_file, json)
+        }
+        Err(WaitError::Cancelled { .. }) => {
+            eprintln!(
+                "runspool: stopped waiting; {id} goes on (`runspool status {id}`, `runspool stop {id}` to stop it)"
+            );
+            Ok(130)
+        }
+        Err(WaitError::Timeout { after, stage, .. }) => {
+            let spool_name = match (target, *stage) {
+                (_, Stage::Pending(p)) => Some(p.name),
+                (Target::Pending(p), _) => Some(p.name.clone()),
+                _ => None,
+            };
+            let id = RunId::parse(&id).ok_or_else(|| anyhow::anyhow!("{target:?} names no run"))?;
+            Ok(gave_up(layout, &id, after, spool_name.as_deref()))
+        }
+        Err(WaitError::Other(e)) => Err(e),
     }
 }
 
@@ -99,13 +102,10 @@ fn ended(id: &str, s: &Status, json: bool) -> anyhow::Result<i32> {
     Ok(s.exit_code.unwrap_or(1))
 }
 
-/// The request published as `name` was rejected (its error file exists): say
-/// why, print the error file with `json`; Some(2). None while there is none.
-fn rejected(layout: &Layout, name: &str, json: bool, progress: &mut Progress) -> anyhow::Result<Option<i32>> {
-    let stem = name.trim_end_matches(".json");
-    let err = layout.rejected_error_file(stem);
-    let Ok(b) = fsutil::read_nofollow(&err, 1 << 20) else { return Ok(None) };
-    progress.clear();
+/// The request was rejected (its error file `err` exists): say why, print
+/// the error file with `json`; exit code 2.
+fn rejected(err: &std::path::Path, json: bool) -> anyhow::Result<i32> {
+    let b = fsutil::read_nofollow(err, 1 << 20).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));
     eprintln!(
         "runspool: the request was rejected ({}): {} (see {})",
@@ -116,7 +116,7 @@ fn rejected(layout: &Layout, name: &str, json: bool, progress: &mut Progress) ->
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
-    Ok(Some(2))
+    Ok(2)
 }
 
 /// `--timeout t` expired: say what goes on; the exit code. 3 when the

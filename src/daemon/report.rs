@@ -178,20 +178,7 @@ impl Reporter {
     }
 }
 
-/// Why the filesystem under `root` is too full to claim (PROTOCOL §11):
-/// free bytes below `min`, no free byte at all (whatever the floor, even
-/// 0), or no free inode. None: room enough, or statvfs failed. The daemon
-/// and `runspool status`/`doctor` use this one rule.
-pub fn space_shortage(root: &Path, min: u64) -> Option<String> {
-    match crate::platform::free_space(root) {
-        Ok((bytes, _)) if bytes < min => {
-            Some(format!("{bytes} bytes free under {}, below storage.min_free_bytes = {min}", root.display()))
-        }
-        Ok((0, _)) => Some(format!("no free bytes under {}", root.display())),
-        Ok((_, 0)) => Some(format!("no free inodes under {}", root.display())),
-        _ => None,
-    }
-}
+pub use crate::store::fsutil::space_shortage;
 
 /// Space preallocated in `runspool/storage-reserve` so that the daemon can
 /// still write its own `daemon.json` (and say `degraded`) on a filesystem

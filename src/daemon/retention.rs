@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use crate::protocol::status::{State, Status, TerminalMarker};
-use crate::store::{fsutil, index, run, Layout, RunId};
+use crate::store::{fsutil, run, Layout, RunId};
 
 pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     remove_leftovers(&l.runs());
@@ -63,32 +63,7 @@ fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<(RunId, Status
     ok.then_some((id, s))
 }
 
-/// runspool's own tombstones (PROTOCOL §12); pi-subagents 0.67 uses `.deleting-run-`.
-pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
-
-/// Results and index entries first, then the marker, then the directory: a
-/// crash in between leaves a terminal run without its marker, which the next
-/// start publishes again and the next sweep removes.
-pub(crate) fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
-    // Held until the directory is gone: a publication of this run
-    // (`results::finish_terminal`) waits for it, then finds no status.
-    let _lock = fsutil::lock(&crate::store::layout::RunPaths::status_lock(&l.run_dir(id)), false);
-    let _ = fsutil::remove_if_exists(&l.result_file(id));
-    for path in crate::store::results::result_index_paths(l, id, &s.session_id, s.tool_call_id.as_deref()) {
-        let _ = fsutil::remove_if_exists(&path);
-        // A tool call's index directory holds its runs' entries: removed once empty.
-        if path.parent().and_then(Path::parent).is_some_and(|p| p.ends_with("result-index/tool-calls")) {
-            let _ = path.parent().map(std::fs::remove_dir);
-        }
-    }
-    let _ = index::unmark_active(l, id, s.tool_call_id.as_deref());
-    let _ = fsutil::remove_if_exists(marker);
-    let tomb = l.runs().join(format!("{TOMBSTONE_PREFIX}{}", uuid::Uuid::new_v4()));
-    if std::fs::rename(l.run_dir(id), &tomb).is_ok() {
-        let _ = std::fs::remove_dir_all(&tomb);
-    }
-    tracing::info!(run_id = %id, "removed a run");
-}
+pub use crate::store::run::{remove_run, TOMBSTONE_PREFIX};
 
 /// Finish removals cut short by a crash.
 fn remove_leftovers(runs: &Path) {

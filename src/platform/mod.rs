@@ -3,6 +3,7 @@
 
 pub mod exec;
 pub mod procs;
+pub mod watch;
 
 use std::ffi::CString;
 use std::io;

@@ -129,6 +129,16 @@ impl DirFd {
     /// `InvalidInput`, naming the path.
     pub fn read(&self, name: &str, max: u64) -> io::Result<Vec<u8>> {
         let path = self.path.join(name);
+        let mut buf = Vec::new();
+        self.open_file(name)?.take(max).read_to_end(&mut buf).map_err(|e| with_path(&path, e))?;
+        Ok(buf)
+    }
+
+    /// Open the regular file `name` for reading, as [`read`](Self::read)
+    /// does: never through a symlink, never blocking on a FIFO; anything
+    /// but a regular file is `InvalidInput`, naming the path.
+    pub fn open_file(&self, name: &str) -> io::Result<File> {
+        let path = self.path.join(name);
         check_name(&path, name)?;
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
         let fd = match openat(self.fd.as_fd(), name, flags, Mode::empty()) {
@@ -139,9 +149,14 @@ impl DirFd {
         if kind != Kind::File {
             return Err(not_regular(&path, kind));
         }
-        let mut buf = Vec::new();
-        File::from(fd).take(max).read_to_end(&mut buf).map_err(|e| with_path(&path, e))?;
-        Ok(buf)
+        Ok(File::from(fd))
+    }
+
+    /// Which directory this is (device, inode): to notice one replaced
+    /// under the same name.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let st = fstat(&self.fd).map_err(|e| with_path(&self.path, e.into()))?;
+        Ok((st.st_dev as u64, st.st_ino as u64))
     }
 
     /// Remove the entry `name` if it is not a directory (a symlink is

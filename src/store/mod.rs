@@ -10,9 +10,11 @@ pub mod fsutil;
 pub mod inbox;
 pub mod index;
 pub mod layout;
+pub mod queue;
 pub mod results;
 pub mod run;
 pub mod safety;
+pub mod spool;
 pub mod writer;
 
 pub use layout::{Layout, RunId};

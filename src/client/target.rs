@@ -1,39 +1,57 @@
 //! What a run argument names. A request is a run from the moment it is in
-//! the spool: `status`, `wait`, `logs` and `stop` name a run by its id (or a
-//! unique prefix), and that id may still belong to a request waiting in
-//! `spool/` (by the run id it will get, or by its file name), or to one
-//! refused or withdrawn before any run directory existed.
+//! the spool: a client names a run by its id (or a unique prefix), and that
+//! id may still belong to a request waiting in `spool/` (by the run id it
+//! will get, or by its file name), or to one refused or withdrawn before any
+//! run directory existed.
 //!
-//! The bottom of the CLI's readers: `inspect`, `pending`, `wait`, `logs` and
-//! `manage` use it; it uses none of them.
+//! The bottom of the client's readers: [`super::Client::resolve`] and every
+//! command of the CLI that takes a run argument use it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use serde_json::Value;
 
-use crate::daemon::spool::{self, classify_name, Name};
 use crate::protocol::is_id;
 use crate::protocol::request::MAX_REQUEST_BYTES;
-use crate::protocol::status::Status;
 use crate::store::layout::RunPaths;
-use crate::store::{fsutil, run, Layout, RunId};
+use crate::store::spool::{self, classify_name, Name};
+use crate::store::{fsutil, Layout, RunId};
 
-/// What a run argument names.
-#[derive(Debug)]
-pub(crate) enum Target {
-    /// A run directory.
+/// What a run argument names ([`super::Client::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A run directory: claimed (maybe without its status.json yet),
+    /// rejected with a run, or another host's run.
     Run(RunId),
     /// A request still in the spool.
     Pending(Pending),
-    /// Refused or withdrawn before any run directory existed: its error file.
-    Rejected { name: String, error_file: PathBuf },
+    /// Refused or withdrawn before any run directory existed.
+    Rejected {
+        /// Its file name in the spool when it was published.
+        name: String,
+        /// Its error file in `spool/rejected/` (PROTOCOL §2.3).
+        error_file: PathBuf,
+    },
 }
 
-#[derive(Debug, Clone)]
-pub(crate) struct Pending {
+impl Target {
+    /// The run id the target has or gets: None for a rejection whose spool
+    /// name is not in the run-id grammar.
+    pub fn run_id(&self) -> Option<RunId> {
+        match self {
+            Target::Run(id) => Some(id.clone()),
+            Target::Pending(p) => Some(p.run_id.clone()),
+            Target::Rejected { name, .. } => RunId::parse(name.trim_end_matches(".json")),
+        }
+    }
+}
+
+/// A request waiting in the spool to be claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
     /// The run id it gets when claimed: the body's `runId`, else the one the
     /// daemon derives from the entry (`spool::claim_id`).
     pub run_id: RunId,
@@ -134,7 +152,7 @@ fn entries(layout: &Layout) -> impl Iterator<Item = Pending> + '_ {
 /// The names the requests waiting in the spool answer to, for completion:
 /// their spool file names without `.json` (`submit` names a request by its
 /// run id), from the listing and each entry's lstat, never their bodies.
-pub(crate) fn pending_names(layout: &Layout) -> Vec<String> {
+pub fn pending_names(layout: &Layout) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir(layout.spool()) else { return vec![] };
     rd.flatten()
         .filter(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() <= MAX_REQUEST_BYTES))
@@ -199,7 +217,7 @@ fn claimed_from(layout: &Layout, id: &RunId) -> bool {
 /// Resolve a run argument: a full run id (of any length), a pending request's
 /// run id or spool file name, or a unique prefix of 8 or more characters of
 /// either kind of run id.
-pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
+pub fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
     // A rejection moves the entry out of the spool a moment before its error
     // file and run appear: look again before saying there is nothing.
     let mut listed = None;
@@ -207,7 +225,11 @@ pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
         if let Some(t) = exact(layout, arg, &mut listed) {
             return Ok(t);
         }
-        if attempt == 2 || std::fs::symlink_metadata(layout.rejected().join(arg)).is_err() {
+        let stem = arg.strip_suffix(".json").unwrap_or(arg);
+        let moving = [arg.to_string(), format!("{stem}.json")]
+            .iter()
+            .any(|n| std::fs::symlink_metadata(layout.rejected().join(n)).is_ok());
+        if attempt == 2 || !moving {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -255,7 +277,7 @@ pub(crate) fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
 /// Ok(true): its run directory exists (claimed, or rejected with a run);
 /// Ok(false): it left without a run (rejected or withdrawn without a run id,
 /// see its error file) or time ran out while it still waits.
-pub(crate) fn await_claim(layout: &Layout, p: &Pending, give_up: Option<std::time::Instant>) -> anyhow::Result<bool> {
+pub fn await_claim(layout: &Layout, p: &Pending, give_up: Option<std::time::Instant>) -> anyhow::Result<bool> {
     let path = layout.spool().join(&p.name);
     let mut gone_since: Option<std::time::Instant> = None;
     loop {
@@ -290,37 +312,21 @@ pub(crate) fn await_claim(layout: &Layout, p: &Pending, give_up: Option<std::tim
 }
 
 /// Is a daemon holding the root's lock?
-pub(crate) fn daemon_running(layout: &Layout) -> bool {
+pub fn daemon_running(layout: &Layout) -> bool {
     fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false)
 }
 
-/// How long ago `ms` was, for people: `42s`, `3m`, `2h`, `1d`.
-pub(crate) fn age(ms: i64) -> String {
-    let s = ((crate::now_ms() - ms) / 1000).max(0);
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m", s / 60),
-        3600..=86399 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
-
 /// Where the error file of a rejection or withdrawal of the entry `name` is.
-pub(crate) fn error_file(layout: &Layout, name: &str) -> PathBuf {
+pub fn error_file(layout: &Layout, name: &str) -> PathBuf {
     layout.rejected_error_file(name.trim_end_matches(".json"))
 }
 
-/// Read an error file from rejected/: (code, message).
-pub(crate) fn read_error(p: &Path) -> (String, String) {
+/// Read an error file from rejected/: (code, message); `?` and a pointer
+/// to the file for what it does not hold.
+pub fn read_error(p: &Path) -> (String, String) {
     let v: Value =
         fsutil::read_nofollow(p, 1 << 20).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
     (v["code"].as_str().unwrap_or("?").to_string(), v["message"].as_str().unwrap_or("see the error file").to_string())
-}
-
-/// A run's status.json; an error naming the run directory when it has none yet.
-pub(crate) fn load(layout: &Layout, id: &RunId) -> anyhow::Result<Status> {
-    run::read_status(&layout.run_dir(id))?
-        .with_context(|| format!("{} has no status.json yet", layout.run_dir(id).display()))
 }
 
 #[cfg(test)]

@@ -226,7 +226,7 @@ fn rejected_status(run_id: &RunId, body: &Value, r: &Rejection) -> Status {
 }
 
 /// A run directory in state `rejected`, so a client waiting on its run id learns the outcome.
-pub(super) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &RunId, body: &Value, r: &Rejection) -> io::Result<()> {
+pub(crate) fn rejected_run(w: &mut Writer, l: &Layout, run_id: &RunId, body: &Value, r: &Rejection) -> io::Result<()> {
     let dir = l.run_dir(run_id);
     let status = rejected_status(run_id, body, r);
     // One idempotent operation, retried by the writer while storage is full:
