@@ -3,7 +3,7 @@
 # needs root (apt-get). Tests call it themselves, so `cargo test` as root
 # on a fresh Debian machine has what it needs.
 #   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit journald xmllint
-#                                     groff ruby rpm rpmlint (packaging tests;
+#                                     tmux (tests/top.rs), groff ruby rpm rpmlint (packaging tests;
 #                                     not in the default set)
 set -euo pipefail
 want=("$@")
@@ -21,6 +21,7 @@ for t in "${want[@]}"; do
     rpmlint) command -v rpmlint >/dev/null || pkgs+=(rpmlint) ;;
     journald) { [ -x /lib/systemd/systemd-journald ] || [ -x /usr/lib/systemd/systemd-journald ]; } && command -v journalctl >/dev/null || pkgs+=(systemd) ;;
     xmllint) command -v xmllint >/dev/null || pkgs+=(libxml2-utils) ;;
+    tmux)    command -v tmux >/dev/null || pkgs+=(tmux) ;;
     *) echo "fixtures.sh: unknown tool $t" >&2; exit 2 ;;
   esac
 done

@@ -15,6 +15,7 @@ mod queue_cmd;
 mod schedule;
 mod submit;
 mod text;
+mod top;
 mod wait;
 
 use std::path::{Path, PathBuf};
@@ -345,6 +346,23 @@ to queue a run held from the start.")]
         /// Run id, or a unique prefix of 8 or more characters
         run: String,
     },
+    /// A live view in the terminal: the queue by lane and reason, running runs with their output, recent ends
+    #[command(after_help = "Shows the daemon, the queue (paused or not, max-running, queued runs per lane and per
+reason they wait), storage and watching (daemon.json), then the running runs with their elapsed time and
+the last lines of their current step's output, the queued runs and why each waits (lane, max_running,
+dependencies, not-before, held, paused), the requests still in the spool, and the most recent ends with
+their state and exit code. It redraws when those files change (and every 2 s).
+
+Keys:
+  ↑ ↓ j k      select a run (PgUp/PgDn, g/G: further)
+  s            stop the selected run (`runspool stop`; a request in the spool is withdrawn)
+  h / r        hold / release the selected queued run (`runspool hold` / `release`)
+  l            the selected run's output in a scrolling pane (q, Esc or l goes back)
+  p            pause the queue, or resume it when paused (`runspool pause` / `resume`)
+  q, Ctrl-C    quit (the terminal is restored, also on SIGINT, SIGTERM and SIGHUP)
+
+Needs a terminal; NO_COLOR turns colours off. Scripts read `runspool list --json` and `status --json`.")]
+    Top,
     /// Show or change how many runs may run at once, over the config's max_running, at run time
     #[command(after_help = "Examples:
   runspool max-running 1           # one at a time from now on (running runs are not stopped)
@@ -482,6 +500,7 @@ pub fn main() -> i32 {
                 Cmd::Pause { reason } => queue_cmd::pause(&layout, reason),
                 Cmd::Resume { reset } => queue_cmd::resume(&layout, reset),
                 Cmd::MaxRunning { n, clear } => queue_cmd::max_running(&layout, n, clear),
+                Cmd::Top => top::top(&layout),
                 Cmd::Hold { run } => schedule::hold(&layout, &run, true),
                 Cmd::Release { run } => schedule::hold(&layout, &run, false),
                 Cmd::Service(sc) => service(cli.root.as_deref(), sc),
