@@ -18,6 +18,9 @@ pub struct Config {
     /// The steward (PROTOCOL §14.1): reconcile pi-subagents runs whose
     /// runner is gone, as pi-subagents 0.67 would. On by default.
     pub steward: bool,
+    /// A Prometheus text file the daemon keeps up to date (for
+    /// node_exporter's textfile collector); unset: none.
+    pub metrics_file: Option<PathBuf>,
     pub watch: Watch,
     pub storage: Storage,
     pub log: Log,
@@ -104,6 +107,7 @@ impl Default for Config {
             retention_days: 30,
             default_timeout_ms: crate::protocol::request::DEFAULT_TIMEOUT_MS,
             steward: true,
+            metrics_file: None,
             watch: Watch::default(),
             storage: Storage::default(),
             log: Log::default(),
@@ -227,6 +231,9 @@ impl Config {
             false,
         );
         item(&mut out, "steward", old.steward.to_string(), self.steward.to_string(), false);
+        let metrics =
+            |m: &Option<PathBuf>| m.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none)".into());
+        item(&mut out, "metrics_file", metrics(&old.metrics_file), metrics(&self.metrics_file), false);
         item(&mut out, "watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
         item(
             &mut out,
@@ -323,6 +330,13 @@ impl Config {
                 "default_timeout_ms is {}; use at most {} (7 days), or 0 for no limit",
                 self.default_timeout_ms,
                 crate::protocol::request::MAX_TIMEOUT_MS
+            ));
+        }
+        if let Some(m) = self.metrics_file.as_ref().filter(|m| !m.is_absolute()) {
+            out.push(format!(
+                "metrics_file is `{}`, not an absolute path; give the full path of the file, e.g. \
+                 \"/var/lib/prometheus/node-exporter/runspool.prom\"",
+                m.display()
             ));
         }
         if !matches!(self.watch.strategy.as_str(), "auto" | "native" | "poll") {
@@ -591,6 +605,14 @@ mod tests {
         assert!(!all.iter().any(|e| e.contains("providers.ok")), "{all:#?}");
         assert!(Config::parse_all("max_running = 2\n").is_empty());
         assert_eq!(Config::parse_all("max_running = [").len(), 1, "a syntax error is one error");
+    }
+    #[test]
+    fn metrics_file_is_an_absolute_path() {
+        let c = Config::parse("metrics_file = \"/srv/prom/runspool.prom\"\n").unwrap();
+        assert_eq!(c.metrics_file.as_deref(), Some(Path::new("/srv/prom/runspool.prom")));
+        let e = Config::parse("metrics_file = \"runspool.prom\"\n").unwrap_err().to_string();
+        assert!(e.contains("metrics_file") && e.contains("absolute"), "{e}");
+        assert_eq!(c.changes_from(&Config::default(), None), ["metrics_file (none) -> /srv/prom/runspool.prom"]);
     }
     #[test]
     fn unknown_keys_are_named() {

@@ -215,6 +215,24 @@ fn one_runs_story_is_found_by_run_id_with_priorities() {
     }
     let story = journal(&by_run);
     assert!(story.iter().all(|e| field(e, "RUN_ID") == id), "every entry of the story is this run's: {story:#?}");
+    let ended = wait_entry(&by_run, "run ended", &log);
+    assert_eq!(field(&ended, "STATE"), "failed", "{ended:#}");
+
+    // Each run's end: one entry with its outcome as fields.
+    let three = unique("journald-three");
+    env.submit(&request(Some(&three), &env.work, vec![sh_step("three", "exit 3")]));
+    let st = env.wait_terminal(&three);
+    let by_three = vec![format!("RUN_ID={three}")];
+    let e = wait_entry(&by_three, "run ended", &log);
+    assert_eq!(field(&e, "PRIORITY"), "6", "{e:#}");
+    assert_eq!(field(&e, "STATE"), "failed", "{e:#}");
+    assert_eq!(field(&e, "EXIT_CODE"), "3", "{e:#}");
+    assert_eq!(field(&e, "TIMED_OUT"), "false", "{e:#}");
+    assert_eq!(field(&e, "LANE"), "default", "{e:#}");
+    let took = st["endedAt"].as_i64().unwrap() - st["startedAt"].as_i64().unwrap();
+    assert_eq!(field(&e, "DURATION_MS"), took.to_string(), "endedAt - startedAt: {e:#}");
+    let ends = journal(&by_three).into_iter().filter(|e| field(e, "MESSAGE").contains("run ended")).count();
+    assert_eq!(ends, 1, "one entry per run end");
 
     // An error: a config refused on SIGHUP, found by its CONFIG field.
     env.write_config("max_running = 2\nno_such_key = 1\n");

@@ -9,6 +9,7 @@
 //! - `recovery`: start-up adoption, run-directory slices, unfinished claims, rescans;
 //! - `storage`: may we claim (safe directories, free space);
 //! - `report`: daemon.json, sd_notify, the watchdog;
+//! - `metrics`: the log line of each run's end, and the `metrics_file`;
 //! - `steward`: pi-subagents runs whose runner is gone, reconciled as 0.67 would (§14.1);
 //! - `bridge`, `hooks`, `retention`, `watch` (file events as `Hint`s).
 //!
@@ -21,6 +22,7 @@ pub mod dead_runner;
 pub mod deps;
 pub mod hint;
 pub mod hooks;
+mod metrics;
 mod part;
 pub mod queue;
 mod recovery;
@@ -96,6 +98,7 @@ pub struct Daemon {
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
     steward: steward::Steward,
+    metrics: metrics::Metrics,
     next_retention: Instant,
     stopping: bool,
 }
@@ -150,6 +153,7 @@ impl Daemon {
             self.recovery.next_wake(),
             self.storage.next_wake(),
             self.report.next_wake(),
+            self.metrics.next_wake(),
             self.hooks.next_wake(),
             self.steward.next_wake(self.cfg.steward),
             busy,
@@ -227,6 +231,7 @@ impl Daemon {
         if self.intake.due(now) {
             let gate = self.claim_gate();
             self.intake.turn(&mut env!(self), gate, &mut out);
+            self.metrics.claimed(&self.intake.take_latencies());
             self.apply(std::mem::take(&mut out));
         }
         self.supervisor.reap();
@@ -275,7 +280,9 @@ impl Daemon {
                 Effect::Ended(id) => {
                     self.scheduler.ended(&id);
                     self.hooks.ended(&id);
+                    self.metrics.ended(&self.layout, &id, false);
                 }
+                Effect::EndedUnseen(id) => self.metrics.ended(&self.layout, &id, true),
                 Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
@@ -358,7 +365,13 @@ impl Daemon {
     }
 
     fn write_report(&mut self, force: bool) {
-        let facts = report::Facts {
+        let facts = self.facts();
+        self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
+        self.report.write(&mut self.w, &self.layout, &self.watch, facts, force);
+    }
+
+    fn facts(&self) -> report::Facts {
+        report::Facts {
             runs: RunCounts { queued: self.scheduler.len(), running: self.supervisor.len() },
             queue: {
                 let mut q = self.scheduler.ctl.info(self.cfg.max_running);
@@ -371,12 +384,13 @@ impl Daemon {
             last_rescan_at: self.recovery.last_rescan_at(),
             min_free_bytes: self.cfg.storage.min_free_bytes,
             steward: self.cfg.steward,
-        };
-        self.report.write(&mut self.w, &self.layout, &self.watch, facts, force);
+        }
     }
 
     fn shutdown(&mut self) {
         report::sd_notify("STOPPING=1");
+        // daemon.json's updatedAt tells the next daemon until when run ends were seen.
+        self.write_report(true);
         // Flush deferred writes for a little while; whatever is left is
         // rebuilt from disk by the next start.
         let until = Instant::now() + Duration::from_secs(3);
@@ -384,6 +398,26 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(200));
         }
         self.supervisor.shutdown();
+        let facts = self.facts();
+        self.metrics.shutdown(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
         tracing::info!(running = self.supervisor.len(), queued = self.scheduler.len(), "runspool daemon stopped");
+    }
+}
+
+/// What the metrics file says besides run ends and claims.
+fn metrics_view<'a>(
+    s: &'a Scheduler,
+    cfg: &'a Config,
+    watch: &'a Watch,
+    facts: &'a report::Facts,
+) -> metrics::View<'a> {
+    metrics::View {
+        runs: &facts.runs,
+        queue: &facts.queue,
+        by_lane_reason: &s.counts().by_lane_reason,
+        lanes: &cfg.lanes,
+        degraded: facts.degraded.is_some(),
+        watch_strategy: watch.strategy_name(),
+        watch_backend: watch.choice.backend.as_str(),
     }
 }

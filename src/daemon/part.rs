@@ -26,6 +26,9 @@ pub enum Effect {
     Adopt(RunId),
     /// A supervised run ended: its hooks fire.
     Ended(RunId),
+    /// A run of ours found ended at start-up that the previous daemon may
+    /// not have seen end: its end is logged and counted.
+    EndedUnseen(RunId),
     /// A terminal run of ours that another host ended (PROTOCOL §12): its
     /// leftover processes and external jobs are cleaned up.
     EndedElsewhere(RunId, Box<Status>),

@@ -18,6 +18,12 @@ use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
 use crate::store::{index, run, RunId};
 
+/// A run that ended up to this long before the previous daemon's last sign
+/// of life may not have been settled (and logged) by it: its end is logged
+/// again rather than never (a runner is reaped within a second of its end,
+/// and daemon.json follows within 250 ms).
+const UNSEEN_MARGIN_MS: i64 = 2_000;
+
 /// Run directories checked per loop turn after start-up.
 const RECOVER_PER_TURN: usize = 1000;
 /// Unfinished claims and a failed listing are retried this often.
@@ -35,6 +41,9 @@ pub struct Recovery {
     /// When the previous daemon on this root started (0: unknown): only
     /// directories changed since then can hold a fresh temp file.
     previous_start: i64,
+    /// The previous daemon's last daemon.json write (0: unknown): runs that
+    /// ended after it (less `UNSEEN_MARGIN_MS`) may have ended unseen.
+    previous_seen: i64,
     next_rescan: Instant,
     rescan_every: Duration,
     last_rescan_at: Option<i64>,
@@ -79,13 +88,14 @@ fn decide(claimed: bool, status: Option<&Status>, rejection: bool) -> Verdict {
 }
 
 impl Recovery {
-    pub fn new(previous_start: i64, rescan_every: Duration) -> Recovery {
+    pub fn new(previous_start: i64, previous_seen: i64, rescan_every: Duration) -> Recovery {
         Recovery {
             backlog: Vec::new(),
             unlisted: None,
             unfinished: Vec::new(),
             unfinished_retry_at: Instant::now(),
             previous_start,
+            previous_seen,
             next_rescan: Instant::now() + rescan_every,
             rescan_every,
             last_rescan_at: None,
@@ -214,6 +224,11 @@ impl Recovery {
             (Verdict::Ended, Some(s)) => {
                 if let Err(e) = ensure_published_status(env.w, env.layout, id, &s) {
                     tracing::warn!(run_id = %id, error = %e, "could not finish publishing a terminal run");
+                }
+                let unseen =
+                    self.previous_seen > 0 && s.ended_at.is_some_and(|e| e > self.previous_seen - UNSEEN_MARGIN_MS);
+                if unseen {
+                    out.push(Effect::EndedUnseen(id.clone()));
                 }
                 if super::dead_runner::ended_elsewhere(&s) {
                     out.push(Effect::EndedElsewhere(id.clone(), Box::new(s)));

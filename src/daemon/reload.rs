@@ -77,6 +77,7 @@ impl Daemon {
                 );
             }
         }
+        self.metrics.set_path(new.metrics_file.clone());
         // A new max_running or storage floor takes effect in the next turn.
         self.intake.mark_dirty();
         self.cfg = new;

@@ -84,6 +84,11 @@ impl Reporter {
         Reporter { status, reserve, last_write: now, due: None, watchdog: watchdog_interval(), last_watchdog: now }
     }
 
+    /// When this daemon started (daemon.json `startedAt`), ms since the epoch.
+    pub fn started_at(&self) -> i64 {
+        self.status.started_at
+    }
+
     pub fn set_config(&mut self, info: ConfigInfo) {
         self.status.config = Some(info);
     }

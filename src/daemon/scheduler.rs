@@ -120,6 +120,8 @@ pub struct Counts {
     pub by_lane: BTreeMap<String, usize>,
     pub by_reason: BTreeMap<String, usize>,
     pub running_by_lane: BTreeMap<String, usize>,
+    /// Queued runs per lane and reason, for the metrics file.
+    pub by_lane_reason: BTreeMap<String, BTreeMap<&'static str, usize>>,
 }
 
 /// What limits starts now: the run count of each lane (runs with a runner)
@@ -422,6 +424,12 @@ impl Scheduler {
                 }
             }
             *counts.by_reason.entry(reason.as_str().to_string()).or_insert(0) += 1;
+            match counts.by_lane_reason.get_mut(&e.lane) {
+                Some(m) => *m.entry(reason.as_str()).or_insert(0) += 1,
+                None => {
+                    counts.by_lane_reason.insert(e.lane.clone(), BTreeMap::from([(reason.as_str(), 1)]));
+                }
+            }
             let shown = &e.shown;
             let same = shown.waiting.as_deref() == Some(reason.as_str())
                 && shown.held == e.held

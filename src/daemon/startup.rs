@@ -47,15 +47,15 @@ impl Daemon {
         .map_err(StartError::Watch)?;
         // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
         watch.add(&layout.daemon_dir());
-        let previous_start = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
+        let (previous_start, previous_seen) = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
             .ok()
             .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
-            .map(|d| d.started_at)
-            .unwrap_or(0);
+            .map(|d| (d.started_at, d.updated_at))
+            .unwrap_or((0, 0));
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let mut d = Daemon {
             report: report::Reporter::new(&layout, &cfg, opts.config.as_deref(), &watch),
-            recovery: Recovery::new(previous_start, Duration::from_secs(cfg.watch.rescan_interval_s)),
+            recovery: Recovery::new(previous_start, previous_seen, Duration::from_secs(cfg.watch.rescan_interval_s)),
             supervisor: Supervisor::new(RunnerProgram::find(&exe)),
             scheduler: Default::default(),
             intake: spool::Intake::default(),
@@ -63,6 +63,7 @@ impl Daemon {
             bridge: bridge::Bridge::new(&cfg, tx.clone()),
             hooks: hooks::Hooks::new(&layout),
             steward: super::steward::Steward::new(),
+            metrics: super::metrics::Metrics::new(None, 0),
             next_retention: Instant::now() + Duration::from_secs(3600),
             layout,
             cfg,
@@ -76,6 +77,7 @@ impl Daemon {
             watch_failed: None,
             stopping: false,
         };
+        d.metrics = super::metrics::Metrics::new(d.cfg.metrics_file.clone(), d.report.started_at());
         d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
         d.report.turn(); // the storage reserve, before daemon.json needs it
         d.write_report(true);

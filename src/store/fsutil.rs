@@ -87,6 +87,12 @@ pub fn temp_name(target: &Path) -> PathBuf {
 /// directory, then rename. `durable` fsyncs the file and the directory.
 /// The temp file never survives a failure.
 pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    write_atomic_mode(target, bytes, durable, 0o600)
+}
+
+/// `write_atomic` with the file's mode set to `mode` (whatever the umask)
+/// before it appears under its name: for a file another user must read.
+pub fn write_atomic_mode(target: &Path, bytes: &[u8], durable: bool, mode: u32) -> io::Result<()> {
     let tmp = temp_name(target);
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -95,6 +101,10 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
+        if mode != 0o600 {
+            use std::os::unix::fs::PermissionsExt as _;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;

@@ -40,6 +40,9 @@ pub struct Intake {
     /// Claimed in this turn: their active markers follow the start of runners.
     claimed: Vec<crate::store::RunId>,
     pending: crate::daemon::deps::PendingIds,
+    /// Milliseconds from publication to claim of the runs claimed since the
+    /// last `take_latencies` (kept only while a metrics file is configured).
+    latencies: Vec<u64>,
 }
 
 impl Default for Intake {
@@ -51,6 +54,7 @@ impl Default for Intake {
             retry_at: None,
             claimed: Vec::new(),
             pending: Default::default(),
+            latencies: Vec::new(),
         }
     }
 }
@@ -110,6 +114,9 @@ impl Intake {
             match claimer.process(&name) {
                 Outcome::Claimed(id, s) => {
                     done += 1;
+                    if env.cfg.metrics_file.is_some() {
+                        self.latencies.extend(claim_latency(env, &id, s.queue.claimed_at));
+                    }
                     self.claimed.push(id.clone());
                     out.push(Effect::Queue(id, s));
                     if !env.w.is_idle() {
@@ -195,6 +202,11 @@ impl Intake {
         true
     }
 
+    /// The claim latencies gathered since the last call.
+    pub fn take_latencies(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.latencies)
+    }
+
     /// Active markers for the runs claimed in this turn, after the loop has
     /// started those that found a slot: the runner's start-up overlaps with
     /// the marker's creation instead of waiting for it.
@@ -205,4 +217,12 @@ impl Intake {
             }
         }
     }
+}
+
+/// Milliseconds from the publication of run `id`'s request (the spool
+/// file's mtime, which the claim's rename kept on request.json) to its claim.
+fn claim_latency(env: &Env, id: &crate::store::RunId, claimed_at: i64) -> Option<u64> {
+    let md = std::fs::symlink_metadata(crate::store::layout::RunPaths::request(&env.layout.run_dir(id))).ok()?;
+    let published = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
+    Some((claimed_at - published).max(0) as u64)
 }
