@@ -154,7 +154,11 @@ fn plant_odd_legacy_files(env: &TestEnv, id: &str) -> Vec<PathBuf> {
     let (stop, timeout, interrupt) =
         (control.join("stop.json"), control.join("timeout.json"), control.join("interrupt.json"));
     mkfifo(&stop);
-    fs::create_dir_all(timeout.join("inner")).unwrap();
+    // Built aside and renamed into place: the runner may remove a directory
+    // named timeout.json between a mkdir of it and a mkdir inside it.
+    let staging = env.run_dir(id).join(".timeout-json-staging");
+    fs::create_dir_all(staging.join("inner")).unwrap();
+    fs::rename(&staging, &timeout).unwrap();
     std::os::unix::fs::symlink(&outside, &interrupt).unwrap();
     vec![stop, timeout, interrupt]
 }
