@@ -31,10 +31,14 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+mod env;
 mod events;
 mod follow;
 mod target;
 
+pub use env::{
+    capture_env, merge_env, parse_env_arg, parse_env_file, parse_env_text, valid_env_name, Captured, MAX_ENV_ENTRIES,
+};
 pub use events::{Event, Events};
 pub use follow::{Follow, Lines, Output};
 pub use target::{await_claim, daemon_running, error_file, pending_names, read_error, resolve, Pending, Target};
