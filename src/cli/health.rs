@@ -198,7 +198,10 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
             println!("root      {}", layout.root.display());
             println!("watch     {}", visible(&watch_text(d)));
             println!("storage   {}", visible(&h.storage_text()));
-            println!("runs      {} running, {} queued", d.runs.running, d.runs.queued);
+            println!(
+                "runs      {} running, {} queued, {} pending in the spool",
+                d.runs.running, d.runs.queued, h.spool_waiting
+            );
             println!("steward   {}", steward_text(d));
             if let Some(line) = d.queue.as_ref().map(describe_report) {
                 println!("queue     {}", visible(&line));
@@ -206,6 +209,9 @@ pub fn daemon_status(layout: &Layout, as_json: bool) -> anyhow::Result<i32> {
         }
         None => {
             println!("daemon    not running on {} (start it with `runspool daemon`)", layout.root.display());
+            if h.spool_waiting > 0 {
+                println!("runs      {} pending in the spool (claimed when a daemon starts)", h.spool_waiting);
+            }
             if let Some(line) = describe_file(layout) {
                 println!("queue     {}", visible(&line));
             }

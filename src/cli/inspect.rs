@@ -128,7 +128,10 @@ impl Style {
         use std::io::IsTerminal as _;
         let tty = std::io::stdout().is_terminal();
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        let columns = tty.then(terminal_columns).flatten();
+        // On a terminal its width; piped, $COLUMNS when set (as `ls` does).
+        let env_columns =
+            || std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<usize>().ok()).filter(|c| *c > 0);
+        let columns = if tty { terminal_columns().or_else(env_columns) } else { env_columns() };
         Style { colour: tty && !no_color, columns }
     }
 
@@ -138,7 +141,7 @@ impl Style {
             "complete" => "32",
             "failed" | "rejected" => "31",
             "running" => "36",
-            "queued" => "34",
+            "queued" | "pending" => "34",
             "stopped" | "paused" | "partial" => "33",
             _ => "",
         };
@@ -180,6 +183,18 @@ fn duration(s: &Status) -> String {
 /// bounded, never through a link); a step without argv, or a run without a
 /// readable request (another host's), by its agent name.
 fn command_of(dir: &std::path::Path, s: &Status) -> String {
+    let req = fsutil::read_nofollow(&RunPaths::request(dir), 1 << 20)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let mut command = command_from(req.as_ref().and_then(|r| r.get("steps")));
+    if command.is_empty() {
+        command = s.steps.iter().map(|st| st.agent.clone()).collect::<Vec<_>>().join("; ");
+    }
+    one_line(&command)
+}
+
+/// A request's `steps` as a user typed them (empty when there are none).
+fn command_from(steps: Option<&serde_json::Value>) -> String {
     fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
         for st in v.as_array().into_iter().flatten() {
             if let Some(p) = st.get("parallel") {
@@ -193,17 +208,11 @@ fn command_of(dir: &std::path::Path, s: &Status) -> String {
             }
         }
     }
-    let req = fsutil::read_nofollow(&RunPaths::request(dir), 1 << 20)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     let mut parts = Vec::new();
-    if let Some(steps) = req.as_ref().and_then(|r| r.get("steps")) {
+    if let Some(steps) = steps {
         walk(steps, &mut parts);
     }
-    if parts.is_empty() {
-        parts = s.steps.iter().map(|st| st.agent.clone()).collect();
-    }
-    one_line(&parts.join("; "))
+    parts.join("; ")
 }
 
 /// `text` with every control character (newlines, escapes) shown escaped:
@@ -236,89 +245,171 @@ pub fn list(
     active: bool,
     recent: Option<usize>,
     session: Option<&str>,
+    wide: bool,
     json: bool,
 ) -> anyhow::Result<i32> {
     let filter = ListFilter { active_only: active, recent, session: session.map(str::to_string) };
-    let listing = Client::from_layout(layout.clone()).list(&filter)?;
-    let (out, capped) = (listing.runs, listing.capped);
+    let client = Client::from_layout(layout.clone());
+    let listing = client.list(&filter)?;
+    let (out, pending, capped) = (listing.runs, listing.pending, listing.capped);
     let limit = recent.unwrap_or(crate::client::DEFAULT_RECENT);
+    // Active runs first, then the requests waiting to be claimed, then the finished runs.
+    let n_active = out.iter().take_while(|x| x.ok().is_none_or(|s| s.state.is_active())).count();
     if json {
-        let rows: Vec<serde_json::Value> = out.iter().map(listed_json).collect();
+        let mut rows: Vec<serde_json::Value> = out[..n_active].iter().map(listed_json).collect();
+        rows.extend(pending.iter().map(|p| pending_json(layout, p)));
+        rows.extend(out[n_active..].iter().map(listed_json));
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(0);
     }
-    if out.is_empty() {
+    if out.is_empty() && pending.is_empty() {
         if active {
-            eprintln!("no active runs (queued or running) under {}", layout.runs().display());
+            eprintln!("no active runs (queued or running) or pending requests under {}", layout.root.display());
         } else if recent.is_some() {
-            eprintln!("no finished runs under {}", layout.runs().display());
+            eprintln!("no runs (pending, active or finished) under {}", layout.root.display());
         } else {
             eprintln!("no runs under {}", layout.runs().display());
         }
         return Ok(0);
     }
-    print_table(layout, &out);
+    let mut rows: Vec<Row> = out[..n_active].iter().map(|x| Row::of_run(layout, x)).collect();
+    rows.extend(pending.iter().map(|p| Row::of_pending(layout, p)));
+    rows.extend(out[n_active..].iter().map(|x| Row::of_run(layout, x)));
+    if !wide {
+        let ids: Vec<&str> = rows.iter().map(|r| r.cells[0].as_str()).collect();
+        let short = client.short_ids(&pending, &ids);
+        for (r, s) in rows.iter_mut().zip(short) {
+            r.cells[0] = s;
+        }
+    }
+    print_table(&rows, wide);
     if capped {
         eprintln!("showing the newest {limit} finished runs; --recent N for more");
     }
     Ok(0)
 }
 
-/// `list`'s table: one row per run, the command cut to what the terminal
-/// leaves of its width.
-fn print_table(layout: &Layout, out: &[index::Listed]) {
-    let style = Style::stdout();
-    let rows: Vec<[String; 7]> = out
-        .iter()
-        .map(|x| {
-            let by = launched_by(x.ownership).to_string();
-            match &x.status {
-                Ok(s) => [
-                    x.run_id.to_string(),
-                    s.state.as_str().to_string(),
-                    s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-                    duration(s),
-                    ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
-                    by,
-                    s.session_id.clone(),
-                ],
-                Err(_) => [x.run_id.to_string(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
-            }
-            // Another host's status.json may hold anything: never a terminal escape from it.
-            .map(|c| one_line(&c))
-        })
-        .collect();
-    let head = ["RUN", "STATE", "EXIT", "DURATION", "UPDATED", "BY", "SESSION"];
-    let mut widths = head.map(str::len);
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let fixed: usize = widths.iter().map(|w| w + 2).sum();
-    // The command gets what the terminal has left (at least 20 columns); piped, a generous fixed width.
-    let room = style.columns.map(|c| c.saturating_sub(fixed).max(20)).unwrap_or(80);
-    let cell = |i: usize, text: &str| format!("{text:<w$}  ", w = widths[i]);
-    let mut line = String::new();
-    for (i, h) in head.iter().enumerate() {
-        line.push_str(&cell(i, h));
-    }
-    println!("{line}COMMAND");
-    for (x, r) in out.iter().zip(&rows) {
-        let mut line = String::new();
-        for (i, c) in r.iter().enumerate() {
-            let text = cell(i, c);
-            if i == 1 {
-                line.push_str(&style.state(&r[1], &text));
-            } else {
-                line.push_str(&text);
-            }
-        }
+/// One `list --json` row of a request still in the spool.
+fn pending_json(layout: &Layout, p: &crate::client::Pending) -> serde_json::Value {
+    let body = crate::client::pending_request(layout, p);
+    let session = body.as_ref().and_then(|b| b.get("sessionId")).and_then(|v| v.as_str()).unwrap_or("default");
+    json!({
+        "runId": p.run_id, "state": "pending", "sessionId": session,
+        "spoolFile": layout.spool().join(&p.name).display().to_string(),
+        "publishedAt": p.since_ms, "launchedBy": "runspool",
+    })
+}
+
+/// One row of `list`'s table: RUN, STATE, EXIT, DURATION, UPDATED, BY, SESSION, then the command.
+struct Row {
+    cells: [String; 7],
+    command: String,
+}
+
+impl Row {
+    fn of_run(layout: &Layout, x: &index::Listed) -> Row {
+        let by = launched_by(x.ownership).to_string();
+        let cells = match &x.status {
+            Ok(s) => [
+                x.run_id.to_string(),
+                s.state.as_str().to_string(),
+                s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                duration(s),
+                ago(s.ended_at.unwrap_or(if s.last_update > 0 { s.last_update } else { s.started_at })),
+                by,
+                s.session_id.clone(),
+            ],
+            Err(_) => [x.run_id.to_string(), "?".into(), "-".into(), "-".into(), "-".into(), by, "-".into()],
+        };
         let command = match &x.status {
             Ok(s) => command_of(&layout.run_dir(&x.run_id), s),
             Err(e) => one_line(&format!("({e})")),
         };
-        println!("{line}{}", shorten(&command, room));
+        // Another host's status.json may hold anything: never a terminal escape from it.
+        Row { cells: cells.map(|c| one_line(&c)), command }
+    }
+
+    fn of_pending(layout: &Layout, p: &crate::client::Pending) -> Row {
+        let body = crate::client::pending_request(layout, p);
+        let session = body.as_ref().and_then(|b| b.get("sessionId")).and_then(|v| v.as_str()).unwrap_or("default");
+        let cells = [
+            p.run_id.to_string(),
+            "pending".into(),
+            "-".into(),
+            format!("pending for {}", age(p.since_ms)),
+            ago(p.since_ms),
+            "runspool".into(),
+            session.to_string(),
+        ];
+        let mut command = command_from(body.as_ref().and_then(|b| b.get("steps")));
+        if command.is_empty() {
+            command = format!("(unreadable request {})", p.name);
+        }
+        Row { cells: cells.map(|c| one_line(&c)), command: one_line(&command) }
+    }
+}
+
+/// `list`'s table: one row per run, cut to the terminal's width (or
+/// $COLUMNS): the command gets what the other columns leave, BY goes first
+/// when every run is runspool's. `wide`: nothing cut.
+fn print_table(rows: &[Row], wide: bool) {
+    let style = Style::stdout();
+    let columns = if wide { None } else { style.columns };
+    let head = ["RUN", "STATE", "EXIT", "DURATION", "UPDATED", "BY", "SESSION"];
+    let mut widths = head.map(str::len);
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(&r.cells) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut shown = [true; 7];
+    let fixed =
+        |shown: &[bool; 7]| -> usize { widths.iter().zip(shown).filter(|(_, s)| **s).map(|(w, _)| w + 2).sum() };
+    const MIN_COMMAND: usize = 12;
+    if let Some(c) = columns {
+        if fixed(&shown) + MIN_COMMAND > c && rows.iter().all(|r| r.cells[5] == "runspool") {
+            shown[5] = false;
+        }
+    }
+    let fixed = fixed(&shown);
+    // The command gets what the terminal has left; piped without $COLUMNS, a generous fixed width.
+    let room = match columns {
+        Some(c) => c.saturating_sub(fixed),
+        None if wide => usize::MAX,
+        None => 80,
+    };
+    let cell = |i: usize, text: &str| format!("{text:<w$}  ", w = widths[i]);
+    let line = |cells: [&str; 7], command: &str, colour: bool| {
+        let mut parts = Vec::new();
+        for (i, c) in cells.iter().enumerate().filter(|(i, _)| shown[*i]) {
+            parts.push((i, cell(i, c)));
+        }
+        let mut plain: String = parts.iter().map(|(_, t)| t.as_str()).collect();
+        plain.push_str(&shorten(command, room));
+        // Never wider than the terminal, whatever a column holds.
+        let plain = match columns {
+            Some(c) => shorten(plain.trim_end(), c),
+            None => plain.trim_end().to_string(),
+        };
+        if !colour {
+            return plain;
+        }
+        // The state's colour, on the state cell only (the second one, never cut at 80 columns).
+        let run_w = parts[0].1.chars().count();
+        let state_w = parts[1].1.chars().count();
+        let chars: Vec<char> = plain.chars().collect();
+        if chars.len() < run_w + state_w {
+            return plain;
+        }
+        let a: String = chars[..run_w].iter().collect();
+        let b: String = chars[run_w..run_w + state_w].iter().collect();
+        let c: String = chars[run_w + state_w..].iter().collect();
+        format!("{a}{}{c}", style.state(cells[1], &b))
+    };
+    println!("{}", line(head, "COMMAND", false));
+    for r in rows {
+        let cells = [0, 1, 2, 3, 4, 5, 6].map(|i| r.cells[i].as_str());
+        println!("{}", line(cells, &r.command, true));
     }
 }
 

@@ -38,7 +38,7 @@ runspool submit --wait -- echo hello\n  runspool list\n  runspool logs <run>",
     after_help = "Examples:
   runspool service install && runspool service start
   runspool submit --wait -- make test   # run, wait, exit with its code
-  runspool list --active                # what is queued or running
+  runspool list --active                # what is pending, queued or running
   runspool logs --follow <run>          # watch a run's output
   runspool doctor                       # check root, daemon, service
 
@@ -87,23 +87,31 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
         #[arg(long)]
         json: bool,
     },
-    /// List runs from the indexes (active and the most recent terminal ones)
+    /// List runs: requests still in the spool (pending), active runs, then the most recent finished ones
     #[command(after_help = "Examples:
-  runspool list                   # active runs, then the most recent finished ones
-  runspool list --active          # only queued and running
-  runspool list --recent 5        # the last five finished runs
-  runspool list --session ci --json | jq '.[].state'")]
+  runspool list                   # pending and active runs, then the most recent finished ones
+  runspool list --active          # only pending, queued and running
+  runspool list --recent 5        # pending and active runs, then the last five finished runs
+  runspool list --wide            # full run ids and whole commands
+  runspool list --session ci --json | jq '.[].state'
+
+A request still in the spool is a run in state `pending` until a daemon claims it.
+The RUN column shows each id's shortest prefix of 8 or more characters unique among the root's runs and
+pending requests (every command takes it; ids of 12 characters or fewer stay whole); rows are cut to the terminal's width ($COLUMNS when piped).")]
     List {
-        /// Only active (queued or running) runs
+        /// Only pending requests and active (queued or running) runs
         #[arg(long, conflicts_with = "recent")]
         active: bool,
-        /// Only the N most recent terminal runs
+        /// The N most recent finished runs (after the pending and active ones)
         #[arg(long, value_name = "N")]
         recent: Option<usize>,
         /// Only runs of this session
         #[arg(long, value_name = "ID")]
         session: Option<String>,
-        /// Print a JSON array of status objects
+        /// Full run ids and whole commands, whatever the terminal's width
+        #[arg(long)]
+        wide: bool,
+        /// Print a JSON array of status objects (a pending request: runId, state "pending", spoolFile, publishedAt)
         #[arg(long)]
         json: bool,
     },
@@ -490,8 +498,8 @@ pub fn main() -> i32 {
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
                 Cmd::Status { run: None, json } => health::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
-                Cmd::List { active, recent, session, json } => {
-                    inspect::list(&layout, active, recent, session.as_deref(), json)
+                Cmd::List { active, recent, session, wide, json } => {
+                    inspect::list(&layout, active, recent, session.as_deref(), wide, json)
                 }
                 Cmd::Wait { run, timeout, json } => wait::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),

@@ -15,6 +15,7 @@ pub(crate) fn status(layout: &Layout, p: &Pending, json: bool) -> anyhow::Result
         let v = serde_json::json!({
             "runId": p.run_id, "state": "pending", "spoolFile": path.display().to_string(),
             "publishedAt": p.since_ms, "daemonRunning": running,
+            "queuePaused": crate::store::queue::read(&crate::store::queue::path(layout)).ok().flatten().is_some_and(|q| q.paused),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -22,8 +23,20 @@ pub(crate) fn status(layout: &Layout, p: &Pending, json: bool) -> anyhow::Result
     println!("run       {}", p.run_id);
     println!("state     pending in spool (for {})", age(p.since_ms));
     println!("request   {}", path.display());
-    if running {
+    // A paused queue claims nothing from the spool (runspool/queue.json).
+    let paused = crate::store::queue::read(&crate::store::queue::path(layout)).ok().flatten().filter(|q| q.paused);
+    if let Some(q) = &paused {
+        let why = q.reason.as_deref().map(|r| format!(" ({})", visible(r))).unwrap_or_default();
+        let since = q.paused_at.map(|t| format!(" for {}", age(t))).unwrap_or_default();
+        println!(
+            "queue     paused{since}{why}: nothing is claimed from the spool until `runspool resume`{}",
+            if running { "" } else { " (and a daemon runs)" }
+        );
+    }
+    if running && paused.is_none() {
         println!("daemon    running; it claims the request in turn");
+    } else if running {
+        println!("daemon    running; it claims the request once the queue is resumed");
     } else {
         println!(
             "daemon    not running under {}: start one (`runspool daemon` or `runspool service start`) to run it",

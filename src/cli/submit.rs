@@ -8,19 +8,23 @@ use anyhow::{bail, Context as _};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::client::{daemon_running, Client, Publish};
+use super::text::visible;
+use crate::client::{self, daemon_running, Client, Publish};
 use crate::store::Layout;
 
 #[derive(Args)]
 #[command(
     after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n  runspool submit --lane gpu --after build-42 -- ./train.sh   # after build-42 completed, one gpu run at a time\n  runspool submit --hold --delay 10m -- ./nightly.sh   # not before 10 minutes from now, and only once released\n\n\
+Environment: by default the request carries only the --env variables: its steps get the DAEMON's environment\n\
+plus those (under systemd, the service manager's PATH, not this shell's). --env-all captures this shell's environment;\n\
+--env-file FILE adds NAME=value lines; --env NAME=value wins over both.\n\
 The run's time limit defaults to the daemon's `default_timeout_ms` (none unless configured).\n\
 Exit codes with --wait or --follow: the run's exit code (0 when it completed); 124 when --wait-timeout expires (the run or request goes on);\n\
 2 when the request was rejected."
 )]
 pub struct SubmitArgs {
     /// Publish this request file as it is (a runId is added when it has none)
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "run_timeout", "timeout", "priority", "session"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "cwd", "env", "env_all", "env_file", "run_timeout", "timeout", "priority", "session"])]
     file: Option<PathBuf>,
     /// Run id (default: a new UUID)
     #[arg(long, value_name = "ID")]
@@ -31,9 +35,16 @@ pub struct SubmitArgs {
     /// Working directory (default: the current directory)
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
-    /// Environment variable for the step, repeatable
+    /// Environment variable for the steps, repeatable; wins over --env-file and --env-all
     #[arg(long, value_name = "K=V")]
     env: Vec<String>,
+    /// Capture this shell's whole environment into the request (at most 256 variables; names outside
+    /// [A-Za-z_][A-Za-z0-9_]* are skipped with a note)
+    #[arg(long)]
+    env_all: bool,
+    /// Read variables from FILE (NAME=value lines, `#` comments, blank lines), repeatable; wins over --env-all
+    #[arg(long, value_name = "FILE")]
+    env_file: Vec<PathBuf>,
     /// The run's time limit (500ms, 30s, 5m, 1h; default: the daemon's default_timeout_ms, none unless configured)
     #[arg(long, value_name = "DUR", value_parser = super::args::parse_duration, conflicts_with = "timeout")]
     run_timeout: Option<Duration>,
@@ -111,6 +122,20 @@ fn from_file(f: &PathBuf, run_id: Option<&str>) -> anyhow::Result<(Vec<u8>, Stri
     }
 }
 
+/// The request's `env`: --env-all, then each --env-file, then each --env (the later wins).
+fn request_env(a: &SubmitArgs) -> anyhow::Result<BTreeMap<String, String>> {
+    let captured = a.env_all.then(|| {
+        let c = client::capture_env();
+        for s in &c.skipped {
+            eprintln!("runspool: note: --env-all skips {}", visible(s));
+        }
+        c.env
+    });
+    let files = a.env_file.iter().map(|f| client::parse_env_file(f)).collect::<anyhow::Result<Vec<_>>>()?;
+    let explicit = a.env.iter().map(|kv| client::parse_env_arg(kv)).collect::<anyhow::Result<Vec<_>>>()?;
+    client::merge_env(captured, files, explicit)
+}
+
 fn from_args(a: &SubmitArgs) -> anyhow::Result<(Vec<u8>, String)> {
     if a.command.is_empty() {
         bail!("nothing to run: put the command after --, e.g. `runspool submit -- echo hello`, or use --file");
@@ -119,11 +144,7 @@ fn from_args(a: &SubmitArgs) -> anyhow::Result<(Vec<u8>, String)> {
         Some(c) => std::path::absolute(c).with_context(|| format!("bad --cwd {}", c.display()))?,
         None => std::env::current_dir().context("cannot read the current directory; pass --cwd")?,
     };
-    let mut env = BTreeMap::new();
-    for kv in &a.env {
-        let Some((k, v)) = kv.split_once('=') else { bail!("--env `{kv}` needs the form NAME=value") };
-        env.insert(k.to_string(), v.to_string());
-    }
+    let env = request_env(a)?;
     let run_id = a.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let mut req = json!({
         "version": 1,

@@ -31,13 +31,20 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+mod env;
 mod events;
 mod follow;
 mod target;
 
+pub use env::{
+    capture_env, merge_env, parse_env_arg, parse_env_file, parse_env_text, valid_env_name, Captured, MAX_ENV_ENTRIES,
+};
 pub use events::{Event, Events};
 pub use follow::{Follow, Lines, Output};
-pub use target::{await_claim, daemon_running, error_file, pending_names, read_error, resolve, Pending, Target};
+pub use target::{
+    await_claim, daemon_running, error_file, pending_names, pending_request, read_error, resolve, short_ids, Pending,
+    Target,
+};
 
 use std::io::Write as _;
 use std::ops::ControlFlow;
@@ -260,10 +267,10 @@ pub enum WithdrawOutcome {
 /// Which runs [`Client::list`] returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListFilter {
-    /// Only active (queued or running) runs.
+    /// Only active (queued or running) runs and pending requests.
     pub active_only: bool,
-    /// Only the N most recent terminal runs (no active ones); None: the
-    /// active runs, then the newest `DEFAULT_RECENT` terminal ones.
+    /// The active runs and pending requests, then the N most recent
+    /// terminal runs; None: N is `DEFAULT_RECENT`.
     pub recent: Option<usize>,
     /// Only runs of this session.
     pub session: Option<String>,
@@ -274,6 +281,9 @@ pub struct ListFilter {
 pub struct Listing {
     /// Active runs (oldest claim first), then terminal runs (newest first).
     pub runs: Vec<index::Listed>,
+    /// Requests still in the spool (oldest first): runs from the moment
+    /// they are published, in state `pending` until a daemon claims them.
+    pub pending: Vec<Pending>,
     /// True when older terminal runs were left out.
     pub capped: bool,
 }
@@ -687,19 +697,27 @@ impl Client {
     }
 
     /// Runs from the indexes (PROTOCOL §6): active ones (queued or
-    /// running), then the most recent terminal ones, as `filter` says.
+    /// running) and the requests still in the spool, always; then the most
+    /// recent terminal ones, as `filter` says.
     pub fn list(&self, filter: &ListFilter) -> anyhow::Result<Listing> {
         let layout = &self.layout;
         let session = filter.session.as_deref();
-        let mut runs: Vec<index::Listed> = Vec::new();
-        if filter.recent.is_none() {
-            runs.extend(
-                index::list_active(layout)
-                    .with_context(|| format!("cannot read {}", layout.active().display()))?
-                    .into_iter()
-                    .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want))),
-            );
-        }
+        let mut runs: Vec<index::Listed> = index::list_active(layout)
+            .with_context(|| format!("cannot read {}", layout.active().display()))?
+            .into_iter()
+            .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want)))
+            .collect();
+        // A request claimed between the two looks is listed once, as its run.
+        let mut pending: Vec<Pending> = target::entries(layout)
+            .filter(|p| !runs.iter().any(|r| r.run_id == p.run_id))
+            .filter(|p| {
+                session.is_none_or(|want| {
+                    let body = pending_request(layout, p);
+                    body.as_ref().and_then(|b| b.get("sessionId")).and_then(Value::as_str).unwrap_or("default") == want
+                })
+            })
+            .collect();
+        pending.sort_by(|a, b| (a.since_ms, &a.name).cmp(&(b.since_ms, &b.name)));
         // One more than returned, to know whether older finished runs were left out.
         let limit = filter.recent.unwrap_or(DEFAULT_RECENT);
         let mut capped = false;
@@ -709,7 +727,20 @@ impl Client {
             finished.truncate(limit);
             runs.extend(finished);
         }
-        Ok(Listing { runs, capped })
+        Ok(Listing { runs, pending, capped })
+    }
+
+    /// Each of `ids` as its shortest prefix of 8 or more characters unique
+    /// among every run and pending request of the root (see [`short_ids`]);
+    /// `pending`: the spool's requests, when the caller has them.
+    pub fn short_ids(&self, pending: &[Pending], ids: &[&str]) -> Vec<String> {
+        let runs: Vec<String> = std::fs::read_dir(self.layout.runs())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        short_ids(runs.iter().map(String::as_str).chain(pending.iter().map(|p| p.run_id.as_str())), ids)
     }
 
     /// Every run's events (PROTOCOL §5) as one stream, each line once.

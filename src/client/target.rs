@@ -140,13 +140,48 @@ fn top_level_run_id(bytes: &[u8]) -> Result<Option<String>, serde_json::Error> {
 
 /// Every claimable entry in the spool, each body read as the iterator gets
 /// to it: a search that stops at its match reads no further.
-fn entries(layout: &Layout) -> impl Iterator<Item = Pending> + '_ {
+pub(crate) fn entries(layout: &Layout) -> impl Iterator<Item = Pending> + '_ {
     std::fs::read_dir(layout.spool())
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
         .filter_map(move |n| entry(layout, &n))
+}
+
+/// Ids this short are shown whole: cutting them saves little and hides a chosen name.
+pub const SHORT_ID_KEEP: usize = 12;
+
+/// The body of the pending request `p` (bounded, never through a link),
+/// when it is still in the spool and a JSON object.
+pub fn pending_request(layout: &Layout, p: &Pending) -> Option<Value> {
+    let b = fsutil::read_nofollow(&layout.spool().join(&p.name), MAX_REQUEST_BYTES).ok()?;
+    serde_json::from_slice::<Value>(&b).ok().filter(Value::is_object)
+}
+
+/// The shortest prefix of each of `ids`, at least 8 characters, that no
+/// other id of `all` (every run and pending request of the root) starts
+/// with, so `resolve` finds it again. An id of at most `SHORT_ID_KEEP`
+/// characters (a name someone chose, like `build-42`), or one no prefix sets
+/// apart, stays whole.
+pub fn short_ids<'a>(all: impl IntoIterator<Item = &'a str>, ids: &[&'a str]) -> Vec<String> {
+    let mut sorted: Vec<&str> = all.into_iter().chain(ids.iter().copied()).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let common = |a: &str, b: &str| a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    ids.iter()
+        .map(|id| {
+            let i = sorted.binary_search(id).unwrap_or(0);
+            let before = i.checked_sub(1).map(|j| common(sorted[j], id)).unwrap_or(0);
+            let after = sorted.get(i + 1).map(|n| common(n, id)).unwrap_or(0);
+            let len = before.max(after).saturating_add(1).max(8);
+            if len >= id.chars().count() || id.chars().count() <= SHORT_ID_KEEP {
+                id.to_string()
+            } else {
+                id.chars().take(len).collect()
+            }
+        })
+        .collect()
 }
 
 /// The names the requests waiting in the spool answer to, for completion:
@@ -331,7 +366,34 @@ pub fn read_error(p: &Path) -> (String, String) {
 
 #[cfg(test)]
 mod tests {
-    use super::top_level_run_id;
+    use super::{short_ids, top_level_run_id};
+
+    #[test]
+    fn short_ids_are_the_shortest_unique_prefix_of_8_or_more() {
+        let all = [
+            "7d0e4c2a-31b5-4f6e-9a0c-5e2b8f1d9c47",
+            "7d0e4c2a-9999-4f6e-9a0c-5e2b8f1d9c47",
+            "b13c152b-fadb-494c-966a-e72ef0c1f934",
+            "b13c152b",
+            "build-42",
+            "nightly-build-of-the-week",
+            "nightly-build-of-the-month",
+        ];
+        let got = short_ids(all, &all);
+        assert_eq!(
+            got,
+            [
+                "7d0e4c2a-3",
+                "7d0e4c2a-9",
+                "b13c152b-",
+                "b13c152b",
+                "build-42",
+                "nightly-build-of-the-w",
+                "nightly-build-of-the-m"
+            ]
+        );
+        assert_eq!(short_ids([], &["a8f3e1c2-0000-4000-8000-000000000000"]), ["a8f3e1c2"]);
+    }
 
     #[test]
     fn run_id_is_the_top_level_key_only_and_stops_the_read() {
