@@ -204,7 +204,7 @@ fn queue_paused(env: &TestEnv) -> bool {
 fn a_stop_racing_the_claim_is_never_lost() {
     let mut env = TestEnv::with_config("max_running = 4\n[watch]\nrescan_interval_s = 2\n");
     env.start_daemon();
-    let mut rng = Rng::new(0x5eed_18);
+    let mut rng = Rng::new(0x005e_ed18);
     let (batches, per_batch) = (8, 8);
     let mut ids = Vec::new();
     for b in 0..batches {

@@ -529,13 +529,11 @@ fn settle_and_check(env: &TestEnv, reqs: &[Req], p: &mut Point) {
                 // may end a run `failed` by repair, after fewer steps.
                 let may_repair = role_may_kill_runners(p.role) || r.id == "k-kill";
                 if r.id == "k-kill" || (!exact && may_repair) {
-                    if st["state"] != "failed" || !repaired(r.id) {
-                        if !exact {
-                            p.problems.push(format!(
-                                "run {}: state {} exitCode {} error {}, want {state} {code} or failed by repair",
-                                r.id, st["state"], st["exitCode"], st["error"]
-                            ));
-                        }
+                    if (st["state"] != "failed" || !repaired(r.id)) && !exact {
+                        p.problems.push(format!(
+                            "run {}: state {} exitCode {} error {}, want {state} {code} or failed by repair",
+                            r.id, st["state"], st["exitCode"], st["error"]
+                        ));
                     }
                     if !ran(r.id).is_subset(&want_steps) {
                         p.problems.push(format!(

@@ -70,7 +70,7 @@ To keep it running across logouts and crashes use `runspool service install` ins
     #[command(hide = true)]
     Runner { run_dir: PathBuf },
     /// Publish a launch request; prints the run id
-    Submit(submit::SubmitArgs),
+    Submit(Box<submit::SubmitArgs>),
     /// Show one run, or without a run the daemon's health
     #[command(after_help = "Examples:
   runspool status                 # is the daemon up, how many runs are queued or running
@@ -494,7 +494,7 @@ pub fn main() -> i32 {
         cmd => {
             let layout = Layout::resolve(cli.root.as_deref(), None);
             let r = match cmd {
-                Cmd::Submit(a) => submit::submit(&layout, a),
+                Cmd::Submit(a) => submit::submit(&layout, *a),
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
                 Cmd::Status { run: None, json } => health::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),

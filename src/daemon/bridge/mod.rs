@@ -246,7 +246,7 @@ impl Bridge {
         // Listed through descriptors opened O_NOFOLLOW|O_DIRECTORY from the
         // run directory down: a directory swapped for a link since the checks
         // above is not listed.
-        let listed = DirFd::open(&dir).and_then(|d| d.open_sub(BRIDGE_REQUESTS)).and_then(|d| Ok(Listing::of(&d)?));
+        let listed = DirFd::open(&dir).and_then(|d| d.open_sub(BRIDGE_REQUESTS)).and_then(|d| Listing::of(&d));
         let listing = match listed {
             Ok(l) => l,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return false,
