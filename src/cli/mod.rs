@@ -157,6 +157,11 @@ A packaged runspool ships the unit in /usr/lib/systemd/user/, so
 `systemctl --user enable --now runspool` is enough there; `runspool service
 install` writes a per-user copy (for another root or config) that overrides it.
 
+`install` and `unit` put the root this shell's commands use into ExecStart
+(`--root`, else $RUNSPOOL_ROOT, else $PI_SUBAGENTS_TEMP_ROOT), so the service
+watches the same root; with none of them the config's `root` or the default
+decides.
+
 Without a user manager (no systemctl or no user bus; on macOS no launchctl)
 every command but `unit` and `uninstall` changes nothing, says what is
 missing and how to get it, and exits 69; `runspool daemon` runs without one."
@@ -531,7 +536,14 @@ pub fn main() -> i32 {
 
 /// `runspool service ...`: the unit's paths are made absolute, as the
 /// service manager starts it from another directory.
+/// The root goes into the unit the way the CLI resolves it (PROTOCOL §1):
+/// `--root`, else `$RUNSPOOL_ROOT`, else `$PI_SUBAGENTS_TEMP_ROOT`, so the
+/// service watches the root this shell's commands use; without any of them the
+/// config's `root` key or the default decides, as for the CLI.
 fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
+    let from_env = root.is_none().then(service_root_from_env).flatten();
+    let root = root.map(Path::to_path_buf).or(from_env);
+    let root = root.as_deref();
     match sc {
         ServiceCmd::Install { config } => {
             let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
@@ -551,6 +563,14 @@ fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
             crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
         }
     }
+}
+
+/// `$RUNSPOOL_ROOT`, else `$PI_SUBAGENTS_TEMP_ROOT` (the first one set and
+/// non-empty), for `service install`/`unit`.
+fn service_root_from_env() -> Option<PathBuf> {
+    ["RUNSPOOL_ROOT", "PI_SUBAGENTS_TEMP_ROOT"]
+        .into_iter()
+        .find_map(|var| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from))
 }
 
 #[cfg(test)]
