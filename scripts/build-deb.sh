@@ -9,7 +9,9 @@
 #                                              package the debug binary that
 #                                              `cargo test` already built (the
 #                                              CI check in tests/packaging.rs)
-#   scripts/build-deb.sh --dbgsym              other options go to cargo deb
+#   scripts/build-deb.sh --profile profiling --dbgsym
+#                                              line tables in a -dbgsym package
+#                                              (other options go to cargo deb)
 #
 # Prints the path of the .deb as its last line. Installs cargo-deb
 # (CARGO_DEB_VERSION, default below) when `cargo deb` is missing. $CARGO, when
@@ -63,8 +65,9 @@ bash scripts/package-assets.sh "$bin" "$target_dir/$out_dir/pkg" /usr/bin >&2
 # Debian policy: man pages gzipped, -9, no name or time stamp (-n).
 gzip -9n "$target_dir/$out_dir/pkg/man/"*.1
 
-# Strip unless the caller chose what to do with debug info: release keeps
-# line tables ([profile.release] debug = 1) that do not belong in /usr/bin.
+# Strip unless the caller chose what to do with debug info: release has none
+# left but its symbols; `--profile profiling --dbgsym` ships line tables in a
+# -dbgsym package.
 strip=(--strip)
 for a in "${deb_args[@]+"${deb_args[@]}"}"; do
   case "$a" in --no-strip | --dbgsym | --separate-debug-symbols) strip=() ;; esac

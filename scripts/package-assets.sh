@@ -23,7 +23,7 @@ bin=$1 out=$2 bindir=${3:-/usr/bin}
 [ -x "$bin" ] || { echo "package-assets.sh: $bin is not an executable runspool" >&2; exit 1; }
 rm -rf "$out"
 mkdir -p "$out/completions" "$out/man"
-"$bin" service unit --bin "$bindir/runspool" >"$out/runspool.service"
+env -u RUNSPOOL_ROOT -u PI_SUBAGENTS_TEMP_ROOT "$bin" service unit --bin "$bindir/runspool" >"$out/runspool.service"
 "$bin" completions bash >"$out/completions/runspool.bash"
 "$bin" completions zsh >"$out/completions/_runspool"
 "$bin" completions fish >"$out/completions/runspool.fish"

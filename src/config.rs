@@ -186,10 +186,11 @@ impl Config {
                 let key = e.path().to_string();
                 let e = e.into_inner();
                 let at = span_hint(text, &e);
-                if key.is_empty() || key == "." {
-                    format!("{}{at}", e.message())
-                } else {
-                    format!("{key}: {}{at}", e.message())
+                let plain = crate::protocol::wording::plain(e.message(), crate::protocol::wording::Format::Toml);
+                match plain {
+                    Some(p) if !(key.is_empty() || key == ".") => format!("{key} {p}{at}"),
+                    _ if key.is_empty() || key == "." => format!("{}{at}", e.message()),
+                    _ => format!("{key}: {}{at}", e.message()),
                 }
             })
             .map_err(ConfigError::Parse)?;
@@ -414,10 +415,11 @@ impl Config {
             let unknown = msg.strip_prefix("unknown field `").and_then(|r| r.split('`').next()).map(str::to_string);
             let shown = path.join(".");
             let line = line_of(text, &path, unknown.as_deref().filter(|u| path.last().map(String::as_str) != Some(u)));
-            out.push(if shown.is_empty() || shown == "." {
-                format!("{msg}{line}")
-            } else {
-                format!("{shown}: {msg}{line}")
+            let plain = crate::protocol::wording::plain(&msg, crate::protocol::wording::Format::Toml);
+            out.push(match plain {
+                _ if shown.is_empty() || shown == "." => format!("{msg}{line}"),
+                Some(p) => format!("{shown} {p}{line}"),
+                None => format!("{shown}: {msg}{line}"),
             });
             // serde_path_to_error may or may not include an unknown key in the path.
             if let Some(u) = unknown.filter(|u| path.last() != Some(u)) {

@@ -210,3 +210,27 @@ fn service_unit_prints_what_a_package_ships() {
     let own = String::from_utf8(runspool(&["service", "unit"]).stdout).unwrap();
     assert!(own.contains(&format!("ExecStart={BIN} daemon\n")), "{own}");
 }
+
+/// The exit-code rule (README.md "exit | when") is in the `--help` of every
+/// command that follows a run to its end, with the codes for a stopped, a
+/// timed-out and a refused run (tests/cli_wait.rs checks they hold).
+#[test]
+fn help_shows_the_exit_code_table() {
+    for cmd in ["wait", "submit", "logs"] {
+        let help = String::from_utf8(runspool(&[cmd, "--help"]).stdout).unwrap();
+        for row in [
+            "  0    the run completed",
+            "  143  it timed out",
+            "  1    it was stopped",
+            "  2    the request was refused",
+            "  124  ",
+        ] {
+            assert!(help.contains(row), "`runspool {cmd} --help` lacks `{row}`:\n{help}");
+        }
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert!(
+        readme.contains("| 143 | it timed out") && readme.contains("| 1 | it was stopped"),
+        "README lacks the table"
+    );
+}

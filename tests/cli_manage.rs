@@ -53,6 +53,12 @@ fn restart_of_a_finished_run_is_a_new_linked_run_with_the_same_steps() {
     let st = env.wait_terminal(&new_id);
     assert_eq!(st["state"], "complete", "{}", env.runs_summary(5));
     assert_eq!(st["restartOf"], "rs-old", "the link is in the new run's status: {st}");
+    let shown = env.cli(&["status", &new_id]);
+    assert!(
+        stdout_str(&shown).lines().any(|l| l == "restart   of rs-old"),
+        "status names the old run: {}",
+        describe(&shown)
+    );
     let req: Value = read_json(&env.run_dir(&new_id).join("request.json")).unwrap();
     let old: Value = read_json(&env.run_dir("rs-old").join("request.json")).unwrap();
     assert_eq!(req["steps"], old["steps"], "same steps");

@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[test]
 fn plain_lines_when_piped_and_json_final_status() {
@@ -184,4 +184,45 @@ fn escapes_from_files_are_printed_visibly_never_sent_to_the_terminal() {
     }
     let o = env.cli(&["logs", "esc-run"]);
     assert!(stdout_str(&o).contains("==> step 0 (agent \\x1b]0;pwned"), "{}", describe(&o));
+}
+
+/// The documented exit-code rule of `wait` and `logs -f` (`runspool wait
+/// --help`): a stopped run exits 1, a timed-out one 143 (its step's SIGTERM),
+/// a request refused before it ran 2 — also for `logs` without `-f`, which
+/// says why on stderr instead of printing nothing.
+#[test]
+fn exit_codes_of_stopped_timed_out_and_rejected_runs() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let gate = env.work.join("gate-x");
+    env.submit(&request(Some("x-stop"), &env.work, vec![sh_step("s", &gate_wait(&gate))]));
+    env.wait_state("x-stop", "running");
+    let o = env.cli(&["stop", "x-stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    for args in [vec!["wait", "x-stop"], vec!["logs", "-f", "x-stop"]] {
+        let o = env.cli(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?} of a stopped run: {}", describe(&o));
+    }
+    assert_eq!(env.state("x-stop").as_deref(), Some("stopped"));
+
+    let mut req = request(Some("x-late"), &env.work, vec![sh_step("s", "exec sleep 30")]);
+    req["timeoutMs"] = json!(1000);
+    env.submit(&req);
+    for args in [vec!["wait", "x-late"], vec!["logs", "-f", "x-late"]] {
+        let o = env.cli(&args);
+        assert_eq!(o.status.code(), Some(143), "{args:?} of a timed-out run: {}", describe(&o));
+    }
+    assert_eq!(env.status("x-late").unwrap()["timedOut"], json!(true));
+
+    let mut req = request(Some("x-bad"), &env.work, vec![sh_step("s", "true")]);
+    req["priority"] = json!("high");
+    env.submit(&req);
+    assert_eq!(env.wait_terminal("x-bad")["state"], "rejected");
+    for args in [vec!["wait", "x-bad"], vec!["logs", "-f", "x-bad"], vec!["logs", "x-bad"]] {
+        let o = env.cli(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?} of a rejected run: {}", describe(&o));
+        assert!(stderr_str(&o).contains("invalid-field"), "{args:?} says why: {}", describe(&o));
+    }
+    let o = env.cli(&["logs", "x-bad"]);
+    assert!(stdout_str(&o).is_empty(), "{}", describe(&o));
 }

@@ -94,6 +94,30 @@ fn installed_files(zsh_dir: &str, man_suffix: &str) -> BTreeSet<String> {
     s
 }
 
+/// The docs a package ships next to README.md: SECURITY.md and docs/*.md,
+/// which must cover every relative path README.md mentions.
+fn shipped_docs() -> BTreeSet<String> {
+    let mut docs: BTreeSet<String> = fs::read_dir(root_dir().join("docs"))
+        .unwrap()
+        .map(|e| format!("docs/{}", e.unwrap().file_name().to_string_lossy()))
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    docs.insert("SECURITY.md".into());
+    let readme = fs::read_to_string(root_dir().join("README.md")).unwrap();
+    for word in readme.split(|c: char| c.is_whitespace() || "()[]`,;:".contains(c)) {
+        let word = word.trim_end_matches('.');
+        if (word.starts_with("docs/") || word == "SECURITY.md") && word.ends_with(".md") {
+            assert!(docs.contains(word), "README.md mentions {word}, which the package would not ship");
+        }
+    }
+    docs
+}
+
+#[test]
+fn readme_mentions_only_shipped_docs() {
+    assert!(shipped_docs().contains("docs/config.md"));
+}
+
 // ---------------------------------------------------------------- .deb ----
 
 fn deb_enabled() -> bool {
@@ -152,6 +176,8 @@ fn deb_installs_binary_unit_completions_and_man_pages() {
     }
     let mut want = installed_files("/usr/share/zsh/vendor-completions", ".gz");
     want.extend(["/usr/share/doc/runspool/README.md".to_string(), "/usr/share/doc/runspool/copyright".into()]);
+    // Every local file README.md links to (docs/*.md, SECURITY.md) is shipped at the same relative path.
+    want.extend(shipped_docs().into_iter().map(|d| format!("/usr/share/doc/runspool/{d}")));
     assert_eq!(files, want, "dpkg-deb -c:\n{list}");
 
     // The control fields.
@@ -276,8 +302,12 @@ fn rpm_spec_parses_lints_and_installs_the_same_files() {
             "%files:\n{section}"
         );
         assert!(
-            expanded.contains("bash scripts/package-assets.sh target/release/runspool pkg-assets /usr/bin"),
+            expanded.contains("bash scripts/package-assets.sh target/profiling/runspool pkg-assets /usr/bin"),
             "{expanded}"
+        );
+        assert!(
+            expanded.contains("\n%doc README.md SECURITY.md pkg-docs/docs\n"),
+            "the docs README.md links to: {section}"
         );
         eprintln!("rpmspec -P: OK (Version {VERSION}, %files as the .deb)");
     }

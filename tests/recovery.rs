@@ -391,6 +391,44 @@ fn retention_removes_old_terminal_runs_but_keeps_paused() {
     });
 }
 
+/// Retention also empties spool/rejected/: an entry rejected more than
+/// `retention_days` ago goes with its error file (its age is the error file's
+/// `rejectedAt`, whatever the entry's mtime), a recent one and an entry
+/// without its error file stay, and an old error file without its entry goes.
+#[test]
+fn retention_removes_old_rejected_entries_and_their_error_files() {
+    let mut env = TestEnv::with_config("max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 3\n");
+    let day = 86_400_000i64;
+    let now = now_ms();
+    let rej = env.rejected();
+    fs::create_dir_all(&rej).unwrap();
+    let error = |name: &str, at: i64| {
+        let v = json!({"version": 1, "file": format!("{name}.json"), "code": "invalid-json", "message": "m", "rejectedAt": at});
+        write_file_mode(&rej.join(format!("{name}.error.json")), v.to_string().as_bytes(), 0o600);
+    };
+    for name in ["old", "recent", "fresh-mtime-old-reject", "unsettled"] {
+        write_file_mode(&rej.join(format!("{name}.json")), b"{", 0o600);
+    }
+    error("old", now - 40 * day);
+    set_mtime_ago(&rej.join("old.json"), 40 * 86_400);
+    error("recent", now - 2 * day);
+    set_mtime_ago(&rej.join("recent.json"), 40 * 86_400); // the error file's rejectedAt decides, not this
+    error("fresh-mtime-old-reject", now - 31 * day);
+    set_mtime_ago(&rej.join("unsettled.json"), 40 * 86_400);
+    error("orphan", now - 40 * day);
+    env.start_daemon();
+    wait_until(Duration::from_secs(120), "old rejected entries removed by retention", || {
+        !rej.join("old.json").exists() && !rej.join("fresh-mtime-old-reject.json").exists()
+    });
+    let left = list_names(&rej);
+    for gone in ["old.error.json", "fresh-mtime-old-reject.error.json", "orphan.error.json"] {
+        assert!(!left.iter().any(|n| n == gone), "{gone} kept: {left:?}");
+    }
+    for kept in ["recent.json", "recent.error.json", "unsettled.json"] {
+        assert!(left.iter().any(|n| n == kept), "{kept} removed: {left:?}");
+    }
+}
+
 #[test]
 fn killed_runner_in_parallel_group_kills_all_members() {
     let mut env = TestEnv::with_config(FAST_RESCAN);

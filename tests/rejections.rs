@@ -609,3 +609,37 @@ fn cli_reports_rejection_of_its_request() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["state"], "rejected");
 }
+
+/// A value of the wrong type is explained in the author's words, never as a
+/// Rust type (`expected u64`): in a rejected request's error file and in
+/// `runspool config check`.
+#[test]
+fn wrong_types_are_named_in_plain_words() {
+    let mut env = TestEnv::new();
+    env.start_daemon();
+    let w = env.work.clone();
+    let mut r = request(Some("type-timeout"), &w, vec![cmd_step("a", &["true"])]);
+    r["timeoutMs"] = json!("soon");
+    env.submit(&r);
+    let mut r = request(Some("type-command"), &w, vec![cmd_step("a", &["true"])]);
+    r["steps"][0]["command"] = json!("make test");
+    env.submit(&r);
+    for (name, want) in [
+        ("type-timeout", "field `timeoutMs` must be a whole number, 0 or more (got \"soon\")"),
+        ("type-command", "`command` must be a list ([...]) (got \"make test\")"),
+    ] {
+        let e = env.wait_rejection(name);
+        let msg = e["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(want), "{name}: {msg}");
+        assert!(!msg.contains("expected u64") && !msg.contains("sequence"), "{name}: {msg}");
+    }
+
+    let bad = env.base().join("typed.toml");
+    fs::write(&bad, "max_running = \"four\"\n[watch]\nrescan_interval_s = true\n").unwrap();
+    let o = env.cli(&["config", "check", "--config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+    let text = stderr_str(&o);
+    assert!(text.contains("max_running must be a whole number, 0 or more (got \"four\") (line 1)"), "{text}");
+    assert!(text.contains("watch.rescan_interval_s must be a whole number, 0 or more (got true) (line 3)"), "{text}");
+    assert!(!text.contains("expected u"), "{text}");
+}

@@ -280,3 +280,51 @@ fn a_failed_install_leaves_nothing_behind() {
     let log = fs::read_to_string(&calls).unwrap();
     assert_eq!(log.lines().last(), Some("systemctl --user daemon-reload"), "no reload after the undo:\n{log}");
 }
+
+/// The service watches the root the CLI uses: `install` (and `unit`) carry
+/// `$RUNSPOOL_ROOT` / `$PI_SUBAGENTS_TEMP_ROOT` into ExecStart as `--root`,
+/// `--root` still wins, and without any of them no `--root` is written.
+#[test]
+fn install_carries_the_root_from_the_environment() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    fs::create_dir_all(t.join("bin")).unwrap();
+    fs::create_dir_all(t.join("home")).unwrap();
+    recorder(&t.join("bin"), "systemctl", &t.join("calls"));
+    let env_root = t.join("env root");
+    let exec_of = |env: &[(&str, &Path)], args: &[&str]| -> String {
+        let path = format!("{}:{}", t.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("HOME", t.join("home"))
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("RUNSPOOL_ROOT")
+            .env_remove("PI_SUBAGENTS_TEMP_ROOT")
+            .env("PATH", path);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let unit = if args.contains(&"install") {
+            fs::read_to_string(t.join("home/.config/systemd/user/runspool.service")).unwrap()
+        } else {
+            String::from_utf8(out.stdout).unwrap()
+        };
+        unit.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string()
+    };
+    let quoted = format!("--root \"{}\"", env_root.display());
+
+    let exec = exec_of(&[("RUNSPOOL_ROOT", &env_root)], &["service", "install"]);
+    assert!(exec.ends_with(&format!("daemon {quoted}")), "RUNSPOOL_ROOT not in the installed unit: {exec}");
+    let exec = exec_of(&[("PI_SUBAGENTS_TEMP_ROOT", &env_root)], &["service", "unit"]);
+    assert!(exec.ends_with(&format!("daemon {quoted}")), "PI_SUBAGENTS_TEMP_ROOT not in the unit: {exec}");
+    let flag = t.join("flag");
+    let exec = exec_of(&[("RUNSPOOL_ROOT", &env_root)], &["--root", flag.to_str().unwrap(), "service", "unit"]);
+    assert!(exec.ends_with(&format!("daemon --root {}", flag.display())), "--root must win: {exec}");
+    let exec = exec_of(&[], &["service", "unit"]);
+    assert!(exec.ends_with(" daemon"), "no root given, none written: {exec}");
+}

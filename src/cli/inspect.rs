@@ -97,6 +97,9 @@ pub fn status(layout: &Layout, run: &str, json: bool) -> anyhow::Result<i32> {
     say!("mode      {}", s.mode);
     say!("session   {}", s.session_id);
     say!("cwd       {}", s.cwd);
+    if let Some(old) = s.extra.get("restartOf").and_then(serde_json::Value::as_str) {
+        say!("restart   of {old}");
+    }
     say!("started   {}", ago(s.started_at));
     if let Some(e) = s.ended_at {
         say!("ended     {} (took {} ms)", ago(e), e - s.started_at);

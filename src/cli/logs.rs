@@ -3,7 +3,6 @@
 
 use std::io::{Read, Write};
 
-use anyhow::bail;
 use serde_json::json;
 
 use super::text::{age, visible};
@@ -41,18 +40,25 @@ pub fn logs(
         }
         Target::Rejected { name, error_file } => {
             let (code, message) = crate::client::read_error(&error_file);
+            let (what, exit) = if code == "withdrawn" { ("withdrawn", 1) } else { ("refused", 2) };
             let (code, message) = (visible(&code), visible(&message));
-            bail!(
-                "{name} was refused before it ran ({code}: {message}); it has no output (see {})",
+            eprintln!(
+                "runspool: {name} was {what} before it ran ({code}: {message}); it has no output (see {})",
                 error_file.display()
-            )
+            );
+            return Ok(exit);
         }
     };
-    if let Stage::Claimed(_) = client.stage(&Target::Run(id.clone()))? {
-        eprintln!(
-            "runspool: {id} was just claimed and is not queued yet; no output yet (`runspool logs -f {id}` waits for it)"
-        );
-        return Ok(0);
+    match client.stage(&Target::Run(id.clone()))? {
+        Stage::Claimed(_) => {
+            eprintln!(
+                "runspool: {id} was just claimed and is not queued yet; no output yet (`runspool logs -f {id}` waits for it)"
+            );
+            return Ok(0);
+        }
+        // Refused (or withdrawn) before it ran: say why on stderr, exit 2 (1), as `logs -f` does.
+        Stage::Ended(s) if s.state == State::Rejected => return follow_target(layout, &Target::Run(id), step, lines),
+        _ => {}
     }
     let mut out = client.output(&id)?;
     if let Some(i) = step {
@@ -70,7 +76,8 @@ pub fn logs(
 
 /// `logs -f` (and `submit --follow`) of any target: a request still in the
 /// spool is followed through its claim. Exit code: the run's
-/// (`run_exit_code`), 2 when it was refused before it had a run.
+/// (`run_exit_code`), 2 when it was refused before it ran, 1 when it was
+/// withdrawn (stopped before its claim).
 pub(crate) fn follow_target(
     layout: &Layout,
     target: &Target,
@@ -79,18 +86,21 @@ pub(crate) fn follow_target(
 ) -> anyhow::Result<i32> {
     let mut f = match Client::from_layout(layout.clone()).follow_target(target) {
         Ok(f) => f,
-        Err(WaitError::Rejected { status: Some(s), .. } | WaitError::Withdrawn { status: Some(s), .. }) => {
-            return Ok(say_end(&s.run_id, &s))
-        }
-        // As when the refusal comes while following: exit 2, whichever came first.
-        Err(WaitError::Rejected { refusal, .. } | WaitError::Withdrawn { refusal, .. }) => {
+        // Refused before it ran (exit 2) or withdrawn, that is stopped
+        // before its claim (exit 1, as a stopped run), with a `rejected`
+        // status or only an error file.
+        Err(e @ (WaitError::Rejected { .. } | WaitError::Withdrawn { .. })) => {
+            let (WaitError::Rejected { refusal, .. } | WaitError::Withdrawn { refusal, .. }) = &e else {
+                unreachable!()
+            };
             let (code, message) = (visible(&refusal.code), visible(&refusal.message));
+            let (what, exit) = if matches!(e, WaitError::Withdrawn { .. }) { ("withdrawn", 1) } else { ("refused", 2) };
             eprintln!(
-                "runspool: {} was refused before it ran ({code}): {message} (see {})",
+                "runspool: {} was {what} before it ran ({code}): {message} (see {})",
                 refusal.name,
                 refusal.error_file.display()
             );
-            return Ok(2);
+            return Ok(exit);
         }
         Err(WaitError::Other(e)) => return Err(e),
         Err(e) => return Err(e.into()),

@@ -1,6 +1,23 @@
 //! The `runspool` command line. Every command reads and writes the same
 //! files any client could (PROTOCOL.md); nothing talks to the daemon directly.
 
+/// The exit-code rule of every command that follows a run to its end
+/// (`wait`, `submit --wait/--follow`, `logs -f`), shown in their `--help`
+/// and in README.md.
+macro_rules! exit_code_table {
+    () => {
+        "Exit codes (wait, submit --wait or --follow, logs -f), the run's exitCode or why there is none:\n  \
+         0    the run completed\n  \
+         N    it failed: the first failed step's exit code (a step killed by signal S counts 128+S)\n  \
+         143  it timed out: its steps got SIGTERM (137 when one needed SIGKILL)\n  \
+         1    it was stopped or paused (`runspool stop`, also of a request not yet claimed), or failed without a step's code\n  \
+         2    the request was refused before it ran; stderr names the code and the error file\n  \
+         124  --timeout (--wait-timeout) expired; the run goes on\n  \
+         3    it expired with the request still in the spool and no daemon running\n  \
+         130  Ctrl-C ended the wait; the run goes on"
+    };
+}
+
 mod args;
 mod config_cmd;
 mod docs;
@@ -117,12 +134,11 @@ pending requests (every command takes it; ids of 12 characters or fewer stay who
     },
     /// Wait for a run to end; exits with the run's exit code
     #[command(
-        after_help = "On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
+        after_help = concat!("On a terminal, a live line shows the state, steps done, the running step and the elapsed time;\n\
         otherwise a plain line is printed whenever the state or the running step changes.\n\n\
-        A request still in the spool is waited on through its claim.\n\n\
-        Exit codes: the run's exit code; 124 when --timeout expires (the run goes on); 3 when it expires with the\n\
-        request still in the spool and no daemon running; 2 when the request was rejected.\n\n\
-        Examples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json"
+        A request still in the spool is waited on through its claim.\n\n",
+        exit_code_table!(),
+        "\n\nExamples:\n  runspool wait 3f2c9a1e\n  runspool wait build-42 --timeout 10m --json > final-status.json")
     )]
     Wait {
         /// Run id (also of a request still in the spool, or its file name), or a unique prefix of 8 or more characters
@@ -165,6 +181,11 @@ A packaged runspool ships the unit in /usr/lib/systemd/user/, so
 `systemctl --user enable --now runspool` is enough there; `runspool service
 install` writes a per-user copy (for another root or config) that overrides it.
 
+`install` and `unit` put the root this shell's commands use into ExecStart
+(`--root`, else $RUNSPOOL_ROOT, else $PI_SUBAGENTS_TEMP_ROOT), so the service
+watches the same root; with none of them the config's `root` or the default
+decides.
+
 Without a user manager (no systemctl or no user bus; on macOS no launchctl)
 every command but `unit` and `uninstall` changes nothing, says what is
 missing and how to get it, and exits 69; `runspool daemon` runs without one."
@@ -200,14 +221,16 @@ or degraded storage (a full disk, or free space below storage.min_free_bytes).")
     #[command(subcommand)]
     Config(ConfigCmd),
     /// Print a run's step output
-    #[command(after_help = "Examples:
+    #[command(after_help = concat!("Examples:
   runspool logs <run>               # every step's output so far
   runspool logs --step 1 <run>      # only the second step
   runspool logs -f <run>            # keep printing until the run ends
   runspool logs -n 20 <run>         # the last 20 lines of each step's output
 
-With -f, exits with the run's exit code once it ends: 0 when it completed, else its exit code
-(1 when it recorded none); 2 when the request was rejected before it ran.")]
+Without -f, a run refused before it ran has no output: stderr says why (its code and error file)
+and the exit code is 2. With -f, the exit code is the run's once it ends:
+
+", exit_code_table!()))]
     Logs {
         /// Run id (also of a request still in the spool: -f waits for its claim), or a unique prefix of 8 or more
         /// characters
@@ -539,7 +562,14 @@ pub fn main() -> i32 {
 
 /// `runspool service ...`: the unit's paths are made absolute, as the
 /// service manager starts it from another directory.
+/// The root goes into the unit the way the CLI resolves it (PROTOCOL §1):
+/// `--root`, else `$RUNSPOOL_ROOT`, else `$PI_SUBAGENTS_TEMP_ROOT`, so the
+/// service watches the root this shell's commands use; without any of them the
+/// config's `root` key or the default decides, as for the CLI.
 fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
+    let from_env = root.is_none().then(service_root_from_env).flatten();
+    let root = root.map(Path::to_path_buf).or(from_env);
+    let root = root.as_deref();
     match sc {
         ServiceCmd::Install { config } => {
             let config = config.map(|c| std::path::absolute(&c).unwrap_or(c));
@@ -559,6 +589,14 @@ fn service(root: Option<&Path>, sc: ServiceCmd) -> anyhow::Result<i32> {
             crate::service::print_unit(bin.as_deref(), root.as_deref(), config.as_deref())
         }
     }
+}
+
+/// `$RUNSPOOL_ROOT`, else `$PI_SUBAGENTS_TEMP_ROOT` (the first one set and
+/// non-empty), for `service install`/`unit`.
+fn service_root_from_env() -> Option<PathBuf> {
+    ["RUNSPOOL_ROOT", "PI_SUBAGENTS_TEMP_ROOT"]
+        .into_iter()
+        .find_map(|var| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from))
 }
 
 #[cfg(test)]

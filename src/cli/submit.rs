@@ -14,13 +14,15 @@ use crate::store::Layout;
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n  runspool submit --lane gpu --after build-42 -- ./train.sh   # after build-42 completed, one gpu run at a time\n  runspool submit --hold --delay 10m -- ./nightly.sh   # not before 10 minutes from now, and only once released\n\n\
+    after_help = concat!(
+        "Examples:\n  runspool submit -- make test\n  runspool submit --wait --run-timeout 10m --env CI=1 -- ./build.sh\n  runspool submit --wait --wait-timeout 30s -- true   # give up waiting after 30 s (exit 124)\n  runspool submit --follow -- ./build.sh   # print its output as it comes, exit with its code\n  runspool submit --file request.json\n  runspool submit --lane gpu --after build-42 -- ./train.sh   # after build-42 completed, one gpu run at a time\n  runspool submit --hold --delay 10m -- ./nightly.sh   # not before 10 minutes from now, and only once released\n\n\
 Environment: by default the request carries only the --env variables: its steps get the DAEMON's environment\n\
 plus those (under systemd, the service manager's PATH, not this shell's). --env-all captures this shell's environment;\n\
 --env-file FILE adds NAME=value lines; --env NAME=value wins over both.\n\
 The run's time limit defaults to the daemon's `default_timeout_ms` (none unless configured).\n\
-Exit codes with --wait or --follow: the run's exit code (0 when it completed); 124 when --wait-timeout expires (the run or request goes on);\n\
-2 when the request was rejected."
+Without --wait or --follow, submit exits 0 once the request is published.\n\n",
+        exit_code_table!()
+    )
 )]
 pub struct SubmitArgs {
     /// Publish this request file as it is (a runId is added when it has none)

@@ -59,12 +59,12 @@ pub(crate) fn wait_target(
     progress.clear();
     match r {
         Ok(s) => ended(&id, &s, json),
-        Err(WaitError::Rejected { status: Some(s), .. } | WaitError::Withdrawn { status: Some(s), .. }) => {
-            ended(&id, &s, json)
-        }
-        Err(WaitError::Rejected { refusal, .. } | WaitError::Withdrawn { refusal, .. }) => {
-            rejected(&refusal.error_file, json)
-        }
+        // Refused before it ran: 2; withdrawn (stopped before its claim): 1, as a stopped run.
+        // The same with a `rejected` status or only an error file.
+        Err(WaitError::Rejected { status: Some(s), .. }) => ended(&id, &s, json).map(|_| 2),
+        Err(WaitError::Withdrawn { status: Some(s), .. }) => ended(&id, &s, json).map(|_| 1),
+        Err(WaitError::Rejected { refusal, .. }) => rejected(&refusal.error_file, json).map(|_| 2),
+        Err(WaitError::Withdrawn { refusal, .. }) => rejected(&refusal.error_file, json).map(|_| 1),
         Err(WaitError::Cancelled { .. }) => {
             eprintln!(
                 "runspool: stopped waiting; {id} goes on (`runspool status {id}`, `runspool stop {id}` to stop it)"
@@ -87,10 +87,14 @@ pub(crate) fn wait_target(
 /// The run `id` ended as `s`: say how, print it with `json`; its exit code.
 fn ended(id: &str, s: &Status, json: bool) -> anyhow::Result<i32> {
     let took = fmt_elapsed(((s.ended_at.unwrap_or(s.last_update) - s.started_at).max(0) / 1000) as u64);
-    eprintln!(
-        "runspool: {}",
-        visible(&format!("{id} {} (exit {}) after {took}", s.state.as_str(), s.exit_code.unwrap_or(1)))
-    );
+    if s.state == State::Rejected {
+        eprintln!("runspool: {}", visible(&format!("{id} {} before it ran", s.state.as_str())));
+    } else {
+        eprintln!(
+            "runspool: {}",
+            visible(&format!("{id} {} (exit {}) after {took}", s.state.as_str(), s.exit_code.unwrap_or(1)))
+        );
+    }
     if let Some(e) = &s.error {
         if s.state != State::Complete {
             eprintln!("runspool: {}", visible(e));
@@ -102,8 +106,8 @@ fn ended(id: &str, s: &Status, json: bool) -> anyhow::Result<i32> {
     Ok(s.exit_code.unwrap_or(1))
 }
 
-/// The request was rejected (its error file `err` exists): say why, print
-/// the error file with `json`; exit code 2.
+/// The request was rejected or withdrawn (its error file `err` exists): say
+/// why, print the error file with `json`.
 fn rejected(err: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     let b = fsutil::read_nofollow(err, 1 << 20).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(json!({}));

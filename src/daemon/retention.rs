@@ -9,6 +9,9 @@
 //! directory directly under the runs root, named by the run-id grammar, that
 //! runspool launched, whose status parses and is terminal (not `paused`) and
 //! ended before the cutoff. Other hosts' runs and their markers stay as they are.
+//!
+//! Rejected requests in `spool/rejected/` go by the same limit, with their
+//! error files (`store::spool::sweep_rejected`).
 
 use std::path::Path;
 
@@ -21,7 +24,7 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
         return 0;
     }
     let cutoff = crate::now_ms() - (retention_days as i64) * 86_400_000;
-    let mut removed = 0;
+    let mut removed = crate::store::spool::sweep_rejected(l, cutoff);
     let Ok(sessions) = std::fs::read_dir(l.terminal()) else { return 0 };
     for sdir in sessions.flatten() {
         if !sdir.file_type().is_ok_and(|t| t.is_dir()) {

@@ -8,6 +8,7 @@ pub mod outcome;
 pub mod request;
 pub mod seg;
 pub mod status;
+pub mod wording;
 
 /// A string-valued enum that keeps values it does not know (PROTOCOL §14:
 /// readers accept every state, mode and step status a pi-subagents host

@@ -231,10 +231,10 @@ impl<'de> Deserialize<'de> for Item {
         let named = |e: serde_path_to_error::Error<serde_json::Error>| {
             let path = e.path().to_string();
             let msg = strip_position(&e.into_inner().to_string());
-            if path == "." {
-                de::Error::custom(msg)
-            } else {
-                de::Error::custom(format!("`{path}`: {msg}"))
+            match super::wording::plain(&msg, super::wording::Format::Json) {
+                _ if path == "." => de::Error::custom(msg),
+                Some(p) => de::Error::custom(format!("`{path}` {p}")),
+                None => de::Error::custom(format!("`{path}`: {msg}")),
             }
         };
         if v.get("parallel").is_some() {
@@ -410,7 +410,10 @@ pub fn validate(raw: &[u8], value: &Value, ctx: &dyn Context) -> Result<Request,
                 format!("{msg}; see docs/protocol.md §2.2 for the request fields"),
             )
         } else {
-            Rejection::new(RejectionCode::InvalidField, format!("field `{path}`: {msg}"))
+            match super::wording::plain(&msg, super::wording::Format::Json) {
+                Some(p) => Rejection::new(RejectionCode::InvalidField, format!("field `{path}` {p}")),
+                None => Rejection::new(RejectionCode::InvalidField, format!("field `{path}`: {msg}")),
+            }
         }
     })?;
     check(&req, ctx)?;

@@ -7,7 +7,7 @@
 pub mod reject;
 pub mod withdraw;
 
-pub use reject::{finish_withdrawals, recover_rejected, reject_entry, STAGING_PREFIX};
+pub use reject::{finish_withdrawals, recover_rejected, reject_entry, sweep_rejected, STAGING_PREFIX};
 pub use withdraw::{withdraw, Withdrawal};
 
 use std::io;

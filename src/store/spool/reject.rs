@@ -112,6 +112,54 @@ fn write_error_file(w: &mut Writer, err: &Path, file: &str, r: &Rejection, durab
     w.write(err, serde_json::to_vec_pretty(&body).map_err(io::Error::other)?, durable)
 }
 
+/// Retention of rejected/ (PROTOCOL §12, `retention_days`): every entry
+/// rejected before `cutoff` (its error file's `rejectedAt`, else the error
+/// file's mtime) goes, the entry first and then its error file, and so do
+/// error files left without their entry. An entry without its error file is
+/// a rejection still being settled: it stays. Intent markers are not touched
+/// here (a settled withdrawal's goes when it settles). Symlinks are removed
+/// as links; a directory is left alone. The number of entries removed.
+pub fn sweep_rejected(l: &Layout, cutoff: i64) -> usize {
+    let Ok(rd) = std::fs::read_dir(l.rejected()) else { return 0 };
+    let names: Vec<String> = rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+    let rejected_at = |err: &Path| -> Option<i64> {
+        let md = std::fs::symlink_metadata(err).ok()?;
+        let at = fsutil::read_nofollow(err, 64 * 1024)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["rejectedAt"].as_i64());
+        Some(at.unwrap_or(md.mtime() * 1000))
+    };
+    let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let mut removed = 0;
+    let mut kept_errors = std::collections::HashSet::new();
+    for name in names.iter().filter(|n| !n.starts_with('.') && !n.ends_with(ERROR_FILE_SUFFIX)) {
+        let (entry, err) = rejected_names(l, name, 0);
+        let err_name = err.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        match rejected_at(&err) {
+            Some(at) if at < cutoff && !is_dir(&entry) && !is_dir(&err) => {
+                if std::fs::remove_file(&entry).is_ok() {
+                    removed += 1;
+                    let _ = std::fs::remove_file(&err);
+                } else {
+                    kept_errors.insert(err_name);
+                }
+            }
+            _ => {
+                kept_errors.insert(err_name);
+            }
+        }
+    }
+    // Error files whose entry is gone (removed by hand, or a sweep cut short).
+    for name in names.iter().filter(|n| !n.starts_with('.') && n.ends_with(ERROR_FILE_SUFFIX)) {
+        let err = l.rejected_entry(name);
+        if !kept_errors.contains(name) && !is_dir(&err) && rejected_at(&err).is_some_and(|at| at < cutoff) {
+            let _ = std::fs::remove_file(&err);
+        }
+    }
+    removed
+}
+
 /// Name prefix of a withdrawal's intent marker in rejected/:
 /// `.withdrawing-<inode>-<spool name>`, written (and fsynced) by the
 /// withdrawing client before it moves the entry, removed once the entry's
