@@ -605,14 +605,14 @@ impl Scheduler {
             }
             Some(s)
         });
-        match r {
-            Ok(Some(s)) if s.state == State::Queued => {}
+        let s = match r {
+            Ok(Some(s)) if s.state == State::Queued => s,
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(run_id = %run_id, error = %e, "could not record a hold or release; retried on the next look");
                 return;
             }
-        }
+        };
         inbox::remove_legacy(control, CONTROL_HOLD);
         inbox::remove_legacy(control, CONTROL_RELEASE);
         tracing::info!(run_id = %run_id, "{}", if held { "held a queued run" } else { "released a queued run" });
@@ -626,9 +626,47 @@ impl Scheduler {
                 e.in_heap = false;
             }
         } else {
+            // `runspool edit` may have changed the scheduling of the held run.
+            self.refresh(run_id, &s);
             self.make_ready(run_id);
         }
         self.next_gate_check = Some(Instant::now());
+    }
+
+    /// Take a queued run's lane, priority, dependencies and `notBefore`
+    /// again from its status (rewritten by `runspool edit` while it was
+    /// held). Its generation goes on, so no heap entry of before counts.
+    fn refresh(&mut self, id: &RunId, s: &Status) {
+        let Some(e) = self.runs.get_mut(id) else { return };
+        let after: Vec<RunId> = s.after().iter().filter_map(|d| RunId::parse(d)).collect();
+        let lane = s.lane().to_string();
+        if e.lane == lane
+            && e.priority == s.queue.priority
+            && e.after == after
+            && e.any == s.after_any()
+            && e.not_before == s.not_before()
+        {
+            return;
+        }
+        if e.in_heap {
+            e.gen += 1;
+            e.in_heap = false;
+        }
+        e.lane = lane;
+        e.priority = s.queue.priority;
+        e.any = s.after_any();
+        e.checked = false;
+        e.not_before = s.not_before();
+        if let Some(t) = e.not_before {
+            self.timers.push(Reverse((t, id.clone())));
+        }
+        for d in &after {
+            self.dependents.entry(d.clone()).or_default().push(id.clone());
+        }
+        if !after.is_empty() {
+            self.dirty.insert(id.clone());
+        }
+        e.after = after;
     }
 
     fn poll_inbox(&mut self, run_id: &RunId) {
