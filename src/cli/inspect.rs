@@ -247,11 +247,16 @@ pub fn list(
     layout: &Layout,
     active: bool,
     recent: Option<usize>,
-    session: Option<&str>,
+    (session, lane): (Option<&str>, Option<&str>),
     wide: bool,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let filter = ListFilter { active_only: active, recent, session: session.map(str::to_string) };
+    let filter = ListFilter {
+        active_only: active,
+        recent,
+        session: session.map(str::to_string),
+        lane: lane.map(str::to_string),
+    };
     let client = Client::from_layout(layout.clone());
     let listing = client.list(&filter)?;
     let (out, pending, capped) = (listing.runs, listing.pending, listing.capped);

@@ -22,6 +22,7 @@ mod args;
 mod config_cmd;
 mod docs;
 mod doctor;
+mod edit;
 mod events_cmd;
 mod health;
 mod inspect;
@@ -111,6 +112,7 @@ Without a run, exit codes: 0 the daemon runs and is healthy; 3 no daemon runs; 4
   runspool list --recent 5        # pending and active runs, then the last five finished runs
   runspool list --wide            # full run ids and whole commands
   runspool list --session ci --json | jq '.[].state'
+  runspool list --lane gpu        # only the runs of lane gpu
 
 A request still in the spool is a run in state `pending` until a daemon claims it.
 The RUN column shows each id's shortest prefix of 8 or more characters unique among the root's runs and
@@ -125,6 +127,9 @@ pending requests (every command takes it; ids of 12 characters or fewer stay who
         /// Only runs of this session
         #[arg(long, value_name = "ID")]
         session: Option<String>,
+        /// Only runs (and pending requests) of this lane; runs without one are in lane `default`
+        #[arg(long, value_name = "NAME")]
+        lane: Option<String>,
         /// Full run ids and whole commands, whatever the terminal's width
         #[arg(long)]
         wide: bool,
@@ -377,6 +382,21 @@ to queue a run held from the start.")]
         /// Run id, or a unique prefix of 8 or more characters
         run: String,
     },
+    /// Edit a held run's request in $EDITOR before it starts (validated as the daemon's claim would)
+    #[command(after_help = "Examples:
+  runspool submit --hold -- make test   # queued held: it waits for `release`
+  runspool edit <run>                   # change its steps, lane, priority, ...
+  runspool release <run>                # it starts with the edited request
+
+Opens the run's request.json in $EDITOR (else $VISUAL, else vi). The edited request must pass the checks
+a claim makes and keep its runId; it then replaces request.json and the run's queued status is rebuilt from
+it, under the run's status lock. Only a queued, held run of runspool's can be edited: hold a queued run
+first. When the edited text is refused, or the run was released meanwhile, the request stays as it was, the
+command exits 1 and prints the file holding the edited text.")]
+    Edit {
+        /// Run id, or a unique prefix of 8 or more characters
+        run: String,
+    },
     /// A live view in the terminal: the queue by lane and reason, running runs with their output, recent ends
     #[command(after_help = "Shows the daemon, the queue (paused or not, max-running, queued runs per lane and per
 reason they wait), storage and watching (daemon.json), then the running runs with their elapsed time and
@@ -521,8 +541,8 @@ pub fn main() -> i32 {
                 Cmd::Status { run: Some(run), json } => inspect::status(&layout, &run, json),
                 Cmd::Status { run: None, json } => health::daemon_status(&layout, json),
                 Cmd::Doctor { config, json } => doctor::doctor(&layout, config.as_deref(), json),
-                Cmd::List { active, recent, session, wide, json } => {
-                    inspect::list(&layout, active, recent, session.as_deref(), wide, json)
+                Cmd::List { active, recent, session, lane, wide, json } => {
+                    inspect::list(&layout, active, recent, (session.as_deref(), lane.as_deref()), wide, json)
                 }
                 Cmd::Wait { run, timeout, json } => wait::wait(&layout, &run, timeout, json),
                 Cmd::Stop { run, reason, interrupt } => inspect::stop(&layout, &run, reason, interrupt),
@@ -534,6 +554,7 @@ pub fn main() -> i32 {
                 Cmd::Top => top::top(&layout),
                 Cmd::Hold { run } => schedule::hold(&layout, &run, true),
                 Cmd::Release { run } => schedule::hold(&layout, &run, false),
+                Cmd::Edit { run } => edit::edit(&layout, &run),
                 Cmd::Service(sc) => service(cli.root.as_deref(), sc),
                 Cmd::Restart { run, json } => manage::restart(&layout, &run, json),
                 Cmd::Rm { runs, json } => manage::rm(&layout, &runs, json),

@@ -274,6 +274,8 @@ pub struct ListFilter {
     pub recent: Option<usize>,
     /// Only runs of this session.
     pub session: Option<String>,
+    /// Only runs and requests of this lane (PROTOCOL §15; none: `default`).
+    pub lane: Option<String>,
 }
 
 /// The runs [`Client::list`] found, from the indexes (PROTOCOL §6).
@@ -706,6 +708,7 @@ impl Client {
             .with_context(|| format!("cannot read {}", layout.active().display()))?
             .into_iter()
             .filter(|x| session.is_none_or(|want| x.ok().is_none_or(|s| s.session_id == want)))
+            .filter(|x| in_lane(filter, x))
             .collect();
         // A request claimed between the two looks is listed once, as its run.
         let mut pending: Vec<Pending> = target::entries(layout)
@@ -716,13 +719,31 @@ impl Client {
                     body.as_ref().and_then(|b| b.get("sessionId")).and_then(Value::as_str).unwrap_or("default") == want
                 })
             })
+            .filter(|p| {
+                filter.lane.as_deref().is_none_or(|want| {
+                    let body = pending_request(layout, p);
+                    let lane = body.as_ref().and_then(|b| b.get("lane")).and_then(Value::as_str);
+                    lane.unwrap_or(request::DEFAULT_LANE) == want
+                })
+            })
             .collect();
         pending.sort_by(|a, b| (a.since_ms, &a.name).cmp(&(b.since_ms, &b.name)));
         // One more than returned, to know whether older finished runs were left out.
         let limit = filter.recent.unwrap_or(DEFAULT_RECENT);
         let mut capped = false;
         if !filter.active_only {
-            let mut finished = index::list_recent(layout, session, limit.saturating_add(1))?;
+            // The index knows no lanes: with one, look further back until
+            // enough runs of the lane are found (or 65,536 runs were seen).
+            let mut wanted = limit.saturating_add(1);
+            let mut finished = loop {
+                let mut found = index::list_recent(layout, session, wanted)?;
+                let exhausted = found.len() < wanted;
+                found.retain(|x| in_lane(filter, x));
+                if filter.lane.is_none() || exhausted || found.len() > limit || wanted >= 1 << 16 {
+                    break found;
+                }
+                wanted = wanted.saturating_mul(4).min(1 << 16);
+            };
             capped = finished.len() > limit;
             finished.truncate(limit);
             runs.extend(finished);
@@ -751,6 +772,11 @@ impl Client {
     pub fn events(&self, since: Option<i64>, follow: bool) -> Events {
         Events::new(self.layout.clone(), since, follow)
     }
+}
+
+/// Is `x` in the lane `filter` asks for (a status that cannot be read: yes)?
+fn in_lane(filter: &ListFilter, x: &index::Listed) -> bool {
+    filter.lane.as_deref().is_none_or(|want| x.ok().is_none_or(|s| s.lane() == want))
 }
 
 /// The stage a status is at.
