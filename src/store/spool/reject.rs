@@ -136,18 +136,12 @@ pub fn sweep_rejected(l: &Layout, cutoff: i64) -> usize {
     for name in names.iter().filter(|n| !n.starts_with('.') && !n.ends_with(ERROR_FILE_SUFFIX)) {
         let (entry, err) = rejected_names(l, name, 0);
         let err_name = err.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        match rejected_at(&err) {
-            Some(at) if at < cutoff && !is_dir(&entry) && !is_dir(&err) => {
-                if std::fs::remove_file(&entry).is_ok() {
-                    removed += 1;
-                    let _ = std::fs::remove_file(&err);
-                } else {
-                    kept_errors.insert(err_name);
-                }
-            }
-            _ => {
-                kept_errors.insert(err_name);
-            }
+        let old = rejected_at(&err).is_some_and(|at| at < cutoff) && !is_dir(&entry) && !is_dir(&err);
+        if old && std::fs::remove_file(&entry).is_ok() {
+            removed += 1;
+            let _ = std::fs::remove_file(&err);
+        } else {
+            kept_errors.insert(err_name);
         }
     }
     // Error files whose entry is gone (removed by hand, or a sweep cut short).
