@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,26 +165,7 @@ fn each_run_end_is_logged_once_with_its_outcome() {
 /// The venv's python with prometheus_client; None (reported as SKIPPED) when
 /// python3, its venv module or pip is unavailable.
 fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("py-venv");
-    let out = Command::new("sh")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pyenv.sh"))
-        .arg("--venv")
-        .arg(&venv)
-        .arg(PROMETHEUS_CLIENT)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sh scripts/pyenv.sh");
-    match out.status.code() {
-        Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
-        Some(3) => {
-            report(&format!(
-                "SKIPPED: no usable python3 with venv and pip ({}); the metrics file was not checked",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-            None
-        }
-        _ => panic!("scripts/pyenv.sh {PROMETHEUS_CLIENT} failed:\n{}", describe(&out)),
-    }
+    python_with(PROMETHEUS_CLIENT, "the metrics file")
 }
 
 /// Parse the text with prometheus_client's text-format parser; print the

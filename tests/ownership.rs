@@ -8,37 +8,11 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const FAST: &str = "max_running = 2\nretention_days = 30\n[watch]\nrescan_interval_s = 1\n";
-
-/// Every entry under `dir` (relative name, kind, mode, size, mtime and
-/// content), for a byte-for-byte comparison before and after.
-fn snapshot(dirs: &[PathBuf]) -> Vec<String> {
-    let mut out = vec![];
-    for d in dirs {
-        let mut all = walk_all(d);
-        all.push(d.clone());
-        all.sort();
-        for p in all {
-            let Ok(md) = fs::symlink_metadata(&p) else { continue };
-            let body = if md.is_file() { sha256_hex(&fs::read(&p).unwrap()) } else { String::new() };
-            out.push(format!(
-                "{} {:o} {} {}.{} {}",
-                p.display(),
-                md.mode(),
-                md.len(),
-                md.mtime(),
-                md.mtime_nsec(),
-                body
-            ));
-        }
-    }
-    out
-}
 
 /// A run as a pi-subagents 0.67 host writes it: no request.json, its own fields.
 fn write_pi_run(env: &TestEnv, id: &str, status: Value, marker: bool) -> PathBuf {
@@ -145,7 +119,7 @@ fn runs_of_another_host_are_left_byte_for_byte_alone() {
     // pi's result of its own finished run.
     write_file_mode(&env.result_path("pi-partial"), b"{\"runId\":\"pi-partial\",\"state\":\"partial\"}", 0o644);
     let watched = vec![env.runs(), env.results()];
-    let before = snapshot(&watched);
+    let before = tree_snapshot(&watched);
 
     env.start_daemon();
     let_rescans_pass(3);
@@ -155,7 +129,7 @@ fn runs_of_another_host_are_left_byte_for_byte_alone() {
     env.restart();
     let_rescans_pass(3);
 
-    let mut after = snapshot(&watched);
+    let mut after = tree_snapshot(&watched);
     // Only runspool's own run may have changed the trees: drop its entries.
     let ours = |l: &String| {
         l.contains("own-1") || l.contains(&format!("{}", env.terminal_dir().join(seg("default")).display()))
@@ -199,7 +173,7 @@ fn runs_of_another_host_are_left_byte_for_byte_alone() {
     let out = env.cli(&["stop", "pi-live"]);
     assert!(!out.status.success(), "stop of another host's run is refused");
     assert!(String::from_utf8_lossy(&out.stderr).contains("another host"), "{out:?}");
-    let mut again = snapshot(&watched);
+    let mut again = tree_snapshot(&watched);
     again.retain(|l| !ours(l));
     dirs_only(&mut again);
     assert_eq!(before_f, again, "the CLI changed nothing either");
@@ -231,11 +205,15 @@ fn retention_never_follows_a_marker_outside_runspools_own_runs() {
     // And runspool's own old run, which retention must remove.
     env.fabricate_terminal_run("own-old", "default", old, "complete");
     env.fabricate_result("own-old");
-    let before = snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]);
+    let before = tree_snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]);
     env.start_daemon();
     wait_until(Duration::from_secs(60), "runspool's own old run removed", || !env.run_dir("own-old").exists());
     assert!(!env.result_path("own-old").exists(), "its result went with it");
-    assert_eq!(before, snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]), "nothing else was removed");
+    assert_eq!(
+        before,
+        tree_snapshot(&[outside.clone(), bare.clone(), env.run_dir("pi-old")]),
+        "nothing else was removed"
+    );
     assert!(outside.join("sub/file").exists() && env.runs().exists() && env.root.exists());
     assert!(list_names(&env.terminal_dir().join(seg("pi-session"))).len() == 1, "another host's marker stays");
 }
@@ -309,12 +287,12 @@ fn pi_retention_tombstones_are_left_alone() {
     let markers = env.root.join("async-retention-run-tombstones");
     mkdir_0700(&markers);
     write_file_mode(&markers.join("0b9c5d1e.json"), br#"{"version":1}"#, 0o644);
-    let before = snapshot(&[tomb.clone(), markers.clone()]);
+    let before = tree_snapshot(&[tomb.clone(), markers.clone()]);
     env.start_daemon();
     let (id, _) = env.submit(&request(Some("after-tombs"), &env.work, vec![cmd_step("a", &["true"])]));
     env.wait_terminal(&id);
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(snapshot(&[tomb, markers]), before, "a pi tombstone was touched");
+    assert_eq!(tree_snapshot(&[tomb, markers]), before, "a pi tombstone was touched");
 }
 
 /// Every pi-subagents 0.67 host removes finished runs older than 30 days

@@ -9,37 +9,11 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const FAST: &str = "max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 1\n";
-
-/// Every entry under each of `dirs` (name, kind, mode, size, mtime, content
-/// hash), for a byte-for-byte comparison before and after.
-fn snapshot(dirs: &[PathBuf]) -> Vec<String> {
-    let mut out = vec![];
-    for d in dirs {
-        let mut all = walk_all(d);
-        all.push(d.clone());
-        all.sort();
-        for p in all {
-            let Ok(md) = fs::symlink_metadata(&p) else { continue };
-            let body = if md.is_file() { sha256_hex(&fs::read(&p).unwrap()) } else { String::new() };
-            out.push(format!(
-                "{} {:o} {} {}.{} {}",
-                p.display(),
-                md.mode(),
-                md.len(),
-                md.mtime(),
-                md.mtime_nsec(),
-                body
-            ));
-        }
-    }
-    out
-}
 
 /// The names directly in `dir` (a listing of what exists beside the root).
 fn names(dir: &Path) -> Vec<String> {
@@ -104,8 +78,8 @@ fn ids_read_from_files_never_steer_the_daemon_outside_its_root() {
         crafted_run(&env, "evil-ended", "../../ended-victim", "failed"),
         crafted_run(&env, "evil-empty", "", "running"),
     ];
-    let before_crafted = snapshot(&crafted);
-    let before_outside = snapshot(&[outq.clone(), outrun.clone(), victim.clone()]);
+    let before_crafted = tree_snapshot(&crafted);
+    let before_outside = tree_snapshot(&[outq.clone(), outrun.clone(), victim.clone()]);
     let before_names = names(&env.base());
     env.start_daemon();
     // A run of its own still goes through while the crafted ones sit there.
@@ -113,9 +87,9 @@ fn ids_read_from_files_never_steer_the_daemon_outside_its_root() {
     assert_eq!(env.wait_terminal(&id)["state"], "complete");
     // Start-up, the slices of every run directory, and several rescans.
     std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(snapshot(&crafted), before_crafted, "a crafted run directory was changed");
+    assert_eq!(tree_snapshot(&crafted), before_crafted, "a crafted run directory was changed");
     assert_eq!(
-        snapshot(&[outq.clone(), outrun.clone(), victim.clone()]),
+        tree_snapshot(&[outq.clone(), outrun.clone(), victim.clone()]),
         before_outside,
         "a path outside the root was changed"
     );
@@ -160,17 +134,17 @@ fn a_copied_running_run_is_not_mistaken_for_its_original() {
     let copy = env.run_dir("orig.bak");
     let o = std::process::Command::new("cp").arg("-a").arg(env.run_dir(&id)).arg(&copy).output().unwrap();
     assert!(o.status.success());
-    let before_copy = snapshot(std::slice::from_ref(&copy));
+    let before_copy = tree_snapshot(std::slice::from_ref(&copy));
     env.restart();
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(env.state(&id).as_deref(), Some("running"), "the original was ended by its copy");
     assert!(env.active_dir().join(&id).exists(), "the original's active marker was removed while it runs");
     assert!(!env.result_path(&id).exists(), "a result was published for a run that still runs");
-    assert_eq!(snapshot(std::slice::from_ref(&copy)), before_copy, "the copy was changed");
+    assert_eq!(tree_snapshot(std::slice::from_ref(&copy)), before_copy, "the copy was changed");
     open_gate(&gate);
     assert_eq!(env.wait_terminal(&id)["state"], "complete");
     assert_eq!(env.result(&id).unwrap()["state"], "complete");
-    assert_eq!(snapshot(std::slice::from_ref(&copy)), before_copy, "the copy was changed");
+    assert_eq!(tree_snapshot(std::slice::from_ref(&copy)), before_copy, "the copy was changed");
 }
 
 #[test]
@@ -201,15 +175,15 @@ fn rm_and_clean_remove_only_the_directory_named() {
     st["runId"] = json!("linked");
     fs::write(&st_path, st.to_string()).unwrap();
     std::os::unix::fs::symlink(&elsewhere, env.run_dir("linked")).unwrap();
-    let before = snapshot(&[env.run_dir("kept"), outside.clone(), elsewhere.clone()]);
-    let before_elsewhere = snapshot(std::slice::from_ref(&elsewhere));
+    let before = tree_snapshot(&[env.run_dir("kept"), outside.clone(), elsewhere.clone()]);
+    let before_elsewhere = tree_snapshot(std::slice::from_ref(&elsewhere));
     for target in ["copy", "climber", "linked"] {
         let o = env.cli(&["rm", target]);
         assert!(!o.status.success(), "rm {target} succeeded: {}", describe(&o));
         let err = stderr_str(&o);
         assert!(err.contains("nothing was removed") || err.contains("no run"), "{}", describe(&o));
         assert_eq!(
-            snapshot(&[env.run_dir("kept"), outside.clone(), elsewhere.clone()]),
+            tree_snapshot(&[env.run_dir("kept"), outside.clone(), elsewhere.clone()]),
             before,
             "rm {target} harmed another run"
         );
@@ -224,7 +198,7 @@ fn rm_and_clean_remove_only_the_directory_named() {
     assert!(env.run_dir("copy").is_dir() && env.run_dir("climber").is_dir());
     assert!(outside.join("precious").exists());
     assert_eq!(
-        snapshot(std::slice::from_ref(&elsewhere)),
+        tree_snapshot(std::slice::from_ref(&elsewhere)),
         before_elsewhere,
         "clean followed a symlinked run directory"
     );
@@ -267,11 +241,15 @@ fn the_bridge_never_follows_a_symlinked_run_directory() {
     write_file_mode(&outside.join("external-job-requests/r1.json"), req.to_string().as_bytes(), 0o600);
     std::os::unix::fs::symlink(&outside, env.run_dir("pirun")).unwrap();
     write_file_mode(&env.active_dir().join("pirun"), b"", 0o600);
-    let before = snapshot(std::slice::from_ref(&outside));
+    let before = tree_snapshot(std::slice::from_ref(&outside));
     let mut env = env;
     env.start_daemon();
     std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(snapshot(std::slice::from_ref(&outside)), before, "the bridge wrote through a symlinked run directory");
+    assert_eq!(
+        tree_snapshot(std::slice::from_ref(&outside)),
+        before,
+        "the bridge wrote through a symlinked run directory"
+    );
     assert!(!calls.exists(), "the provider ran for a request outside the root: {:?}", fs::read_to_string(&calls));
     assert!(fs::symlink_metadata(env.run_dir("pirun")).unwrap().file_type().is_symlink());
     assert!(env.active_dir().join("pirun").exists(), "another host's marker was removed");

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const JSONSCHEMA: &str = "jsonschema==4.26.0";
 
@@ -35,26 +35,7 @@ fn repo() -> PathBuf {
 /// The venv's python with `jsonschema`, or None when Python is unavailable
 /// (reported as SKIPPED). An installation that fails otherwise fails the test.
 fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("py-venv");
-    let out = Command::new("sh")
-        .arg(repo().join("scripts/pyenv.sh"))
-        .arg("--venv")
-        .arg(&venv)
-        .arg(JSONSCHEMA)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sh scripts/pyenv.sh");
-    match out.status.code() {
-        Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
-        Some(3) => {
-            report(&format!(
-                "SKIPPED: no usable python3 with venv and pip ({}); the schemas were not checked",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-            None
-        }
-        _ => panic!("scripts/pyenv.sh {JSONSCHEMA} failed:\n{}", describe(&out)),
-    }
+    python_with(JSONSCHEMA, "the schemas")
 }
 
 /// One document (a file or a text) to validate against `schema`

@@ -148,3 +148,30 @@ impl TestEnv {
         out
     }
 }
+
+/// Every entry under each of `dirs`, the directories included (path, mode,
+/// size, mtime, and a content hash for files), in order: two snapshots
+/// compare equal when nothing under them changed, byte for byte.
+pub fn tree_snapshot(dirs: &[PathBuf]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = vec![];
+    for d in dirs {
+        let mut all = walk_all(d);
+        all.push(d.clone());
+        all.sort();
+        for p in all {
+            let Ok(md) = fs::symlink_metadata(&p) else { continue };
+            let body = if md.is_file() { super::sha256_hex(&fs::read(&p).unwrap()) } else { String::new() };
+            out.push(format!(
+                "{} {:o} {} {}.{} {}",
+                p.display(),
+                md.mode(),
+                md.len(),
+                md.mtime(),
+                md.mtime_nsec(),
+                body
+            ));
+        }
+    }
+    out
+}

@@ -57,3 +57,32 @@ pub fn report(line: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// The python of the project's private venv (`scripts/pyenv.sh`, under the
+/// target directory) with the pinned `package` installed; None, reported as
+/// SKIPPED with `what` was not checked, when python3, its venv module or pip
+/// is unavailable. An installation that fails otherwise fails the test.
+pub fn python_with(package: &str, what: &str) -> Option<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("py-venv");
+    let out = Command::new("sh")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pyenv.sh"))
+        .arg("--venv")
+        .arg(&venv)
+        .arg(package)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh scripts/pyenv.sh");
+    match out.status.code() {
+        Some(0) => Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())),
+        Some(3) => {
+            super::report(&format!(
+                "SKIPPED: no usable python3 with venv and pip ({}); {what} was not checked",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            None
+        }
+        _ => panic!("scripts/pyenv.sh {package} failed:\n{}", super::describe(&out)),
+    }
+}
