@@ -94,7 +94,7 @@ fn refusal(id: &RunId, dir: &Path, s: &Status) -> Option<String> {
 /// marker, then the directory via a tombstone).
 fn remove(layout: &Layout, id: &RunId, s: &Status) -> anyhow::Result<()> {
     let marker = index::terminal_marker_path(layout, s);
-    crate::store::run::remove_run(layout, id, s, &marker);
+    crate::store::results::remove_run(layout, id, s, &marker);
     let dir = layout.run_dir(id);
     if std::fs::symlink_metadata(&dir).is_ok() {
         bail!("cannot remove {}: check its permissions and run `runspool rm {id}` again", dir.display());

@@ -66,7 +66,7 @@ fn expired(l: &Layout, m: &TerminalMarker, cutoff: i64) -> Option<(RunId, Status
     ok.then_some((id, s))
 }
 
-pub use crate::store::run::{remove_run, TOMBSTONE_PREFIX};
+pub use crate::store::results::{remove_run, TOMBSTONE_PREFIX};
 
 /// Finish removals cut short by a crash.
 fn remove_leftovers(runs: &Path) {

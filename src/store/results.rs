@@ -1,12 +1,13 @@
-//! Result files (PROTOCOL §7) and the whole terminal publication sequence.
+//! Result files (PROTOCOL §7), the whole terminal publication sequence, and
+//! its inverse: the removal of a finished run (retention, `rm`, `clean`).
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use super::fsutil::{self, mkdir_private_all};
-use super::layout::{Layout, RunId};
+use super::layout::{Layout, RunId, RunPaths};
 use super::{index, Writer};
 use crate::protocol::seg::{seg, seg250};
 use crate::protocol::status::{RunResult, State, Status, StepResult, StepState};
@@ -200,4 +201,31 @@ pub fn fail_queued(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str, sk
         );
     }
     Ok(failed)
+}
+
+/// runspool's own tombstones (PROTOCOL §12); pi-subagents 0.67 uses `.deleting-run-`.
+pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
+
+/// Results and index entries first, then the marker, then the directory: a
+/// crash in between leaves a terminal run without its marker, which the next
+/// start publishes again and the next sweep removes.
+pub fn remove_run(l: &Layout, id: &RunId, s: &Status, marker: &Path) {
+    // Held until the directory is gone: a publication of this run
+    // (`results::finish_terminal`) waits for it, then finds no status.
+    let _lock = fsutil::lock(&RunPaths::status_lock(&l.run_dir(id)), false);
+    let _ = fsutil::remove_if_exists(&l.result_file(id));
+    for path in result_index_paths(l, id, &s.session_id, s.tool_call_id.as_deref()) {
+        let _ = fsutil::remove_if_exists(&path);
+        // A tool call's index directory holds its runs' entries: removed once empty.
+        if path.parent().and_then(Path::parent).is_some_and(|p| p.ends_with("result-index/tool-calls")) {
+            let _ = path.parent().map(std::fs::remove_dir);
+        }
+    }
+    let _ = index::unmark_active(l, id, s.tool_call_id.as_deref());
+    let _ = fsutil::remove_if_exists(marker);
+    let tomb = l.runs().join(format!("{TOMBSTONE_PREFIX}{}", uuid::Uuid::new_v4()));
+    if std::fs::rename(l.run_dir(id), &tomb).is_ok() {
+        let _ = std::fs::remove_dir_all(&tomb);
+    }
+    tracing::info!(run_id = %id, "removed a run");
 }

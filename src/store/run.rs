@@ -164,30 +164,3 @@ pub fn event(w: &mut Writer, run_dir: &Path, run_id: &str, kind: &str, fields: V
         Err(e) => tracing::warn!(run_id, error = %e, "could not append event {kind}"),
     }
 }
-
-/// runspool's own tombstones (PROTOCOL §12); pi-subagents 0.67 uses `.deleting-run-`.
-pub const TOMBSTONE_PREFIX: &str = ".runspool-deleting-";
-
-/// Results and index entries first, then the marker, then the directory: a
-/// crash in between leaves a terminal run without its marker, which the next
-/// start publishes again and the next sweep removes.
-pub fn remove_run(l: &super::Layout, id: &RunId, s: &Status, marker: &Path) {
-    // Held until the directory is gone: a publication of this run
-    // (`results::finish_terminal`) waits for it, then finds no status.
-    let _lock = fsutil::lock(&RunPaths::status_lock(&l.run_dir(id)), false);
-    let _ = fsutil::remove_if_exists(&l.result_file(id));
-    for path in super::results::result_index_paths(l, id, &s.session_id, s.tool_call_id.as_deref()) {
-        let _ = fsutil::remove_if_exists(&path);
-        // A tool call's index directory holds its runs' entries: removed once empty.
-        if path.parent().and_then(Path::parent).is_some_and(|p| p.ends_with("result-index/tool-calls")) {
-            let _ = path.parent().map(std::fs::remove_dir);
-        }
-    }
-    let _ = super::index::unmark_active(l, id, s.tool_call_id.as_deref());
-    let _ = fsutil::remove_if_exists(marker);
-    let tomb = l.runs().join(format!("{TOMBSTONE_PREFIX}{}", uuid::Uuid::new_v4()));
-    if std::fs::rename(l.run_dir(id), &tomb).is_ok() {
-        let _ = std::fs::remove_dir_all(&tomb);
-    }
-    tracing::info!(run_id = %id, "removed a run");
-}
