@@ -185,7 +185,7 @@ fn duration(s: &Status) -> String {
 /// where needed), steps joined by `; `, from the run's request.json (read
 /// bounded, never through a link); a step without argv, or a run without a
 /// readable request (another host's), by its agent name.
-fn command_of(dir: &std::path::Path, s: &Status) -> String {
+pub(super) fn command_of(dir: &std::path::Path, s: &Status) -> String {
     let req = fsutil::read_nofollow(&RunPaths::request(dir), 1 << 20)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());

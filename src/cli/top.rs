@@ -29,7 +29,6 @@ use anyhow::{bail, Context as _};
 use super::text::visible;
 use crate::client::{self, Pending, Target};
 use crate::protocol::daemon::DaemonStatus;
-use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
 use crate::store::{fsutil, index, run, Layout, RunId};
@@ -346,51 +345,11 @@ impl Snapshot {
         for it in &snap.items {
             if it.kind != Kind::Pending && !commands.contains_key(&it.id) {
                 if let Ok(s) = &it.status {
-                    commands.insert(it.id.clone(), command_of(&layout.run_dir(&it.id), s));
+                    commands.insert(it.id.clone(), super::inspect::command_of(&layout.run_dir(&it.id), s));
                 }
             }
         }
         snap
-    }
-}
-
-/// The run's command as typed: each step's argv, steps joined by `; `, a
-/// parallel group in brackets; a step without argv (another host's run) by
-/// its agent. From request.json, read bounded and never through a link.
-fn command_of(dir: &Path, s: &Status) -> String {
-    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
-        for st in v.as_array().into_iter().flatten() {
-            if let Some(p) = st.get("parallel") {
-                let mut inner = Vec::new();
-                walk(p, &mut inner);
-                out.push(format!("[{}]", inner.join(" & ")));
-            } else if let Some(argv) = st.get("command").and_then(|c| c.as_array()) {
-                out.push(argv.iter().map(|a| quote(a.as_str().unwrap_or("?"))).collect::<Vec<_>>().join(" "));
-            } else {
-                out.push(st.get("agent").and_then(|a| a.as_str()).unwrap_or("?").to_string());
-            }
-        }
-    }
-    let req = fsutil::read_nofollow(&RunPaths::request(dir), MAX_REQUEST_BYTES)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-    let mut parts = Vec::new();
-    if let Some(steps) = req.as_ref().and_then(|r| r.get("steps")) {
-        walk(steps, &mut parts);
-    }
-    if parts.is_empty() {
-        parts = s.steps.iter().map(|st| st.agent.clone()).collect();
-    }
-    visible(&parts.join("; "))
-}
-
-/// A shell word as typed: quoted unless plain.
-fn quote(a: &str) -> String {
-    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        a.to_string()
-    } else {
-        format!("'{}'", a.replace('\'', "'\\''"))
     }
 }
 
