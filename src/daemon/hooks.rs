@@ -28,20 +28,18 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::Hooks as HookConfig;
+use crate::platform::child::{self, Child, Ladder, Schedule, Signal};
 use crate::platform::exec::{self, Detach};
 use crate::protocol::status::{State, Status};
 use crate::store::{fsutil, results, run, Layout, RunId};
-
-const KILL_GRACE: Duration = Duration::from_secs(3);
 
 /// hook.log keeps at most this many bytes of a run's hook output (stdout and
 /// stderr); the rest is read and discarded, and one line says so
@@ -114,17 +112,17 @@ struct Orphan {
     /// The run, from the record's file name (a `runId` inside it is only compared).
     id: RunId,
     rec: RunningRecord,
-    term_sent: Option<Instant>,
+    /// The record's deadline, then `Ladder::STOP`.
+    schedule: Schedule,
     next_check: Instant,
 }
 
 struct Running {
     run_id: RunId,
+    /// Its deadline is `hooks.timeout_s` from its start, then `Ladder::STOP`.
     child: Child,
     record: HookRecord,
     started: Instant,
-    deadline: Instant,
-    term_sent: Option<Instant>,
 }
 
 pub struct Hooks {
@@ -272,9 +270,9 @@ impl Hooks {
             }
         }
         let input = serde_json::to_vec_pretty(&results::build_result(l, run_id, &s)).unwrap_or_default();
-        match spawn(command, &dir, &s) {
+        match spawn(command, &dir, &s, Duration::from_secs(cfg.timeout_s)) {
             Ok(mut child) => {
-                if let Some(mut stdin) = child.stdin.take() {
+                if let Some(mut stdin) = child.take_stdin() {
                     // A thread, so a hook that never reads stdin cannot stall the loop.
                     let _ = std::thread::Builder::new().name("hook-stdin".into()).spawn(move || {
                         let _ = stdin.write_all(&input);
@@ -284,15 +282,7 @@ impl Hooks {
                 let _ = write_record(&dir, &record);
                 tracing::info!(run_id = %run_id, hook = name, hook_pid = child.id(), "hook started");
                 self.record_running(run_id, child.id(), record.started_at, cfg.timeout_s);
-                let now = Instant::now();
-                self.running.push(Running {
-                    run_id: run_id.clone(),
-                    child,
-                    record,
-                    started: now,
-                    deadline: now + Duration::from_secs(cfg.timeout_s),
-                    term_sent: None,
-                });
+                self.running.push(Running { run_id: run_id.clone(), child, record, started: Instant::now() });
             }
             Err(e) => {
                 record.ended_at = Some(crate::now_ms());
@@ -352,18 +342,9 @@ impl Hooks {
                     continue;
                 }
                 Ok(None) => {
-                    let pg = h.child.id() as i32;
-                    match h.term_sent {
-                        None if now >= h.deadline => {
-                            h.record.timed_out = true;
-                            h.term_sent = Some(now);
-                            unsafe { libc::killpg(pg, libc::SIGTERM) };
-                        }
-                        Some(t) if now >= t + KILL_GRACE => unsafe {
-                            libc::killpg(pg, libc::SIGKILL);
-                        },
-                        _ => {}
-                    }
+                    // Past hooks.timeout_s: SIGTERM to its group, SIGKILL 3 s later.
+                    h.child.tick(now);
+                    h.record.timed_out = h.child.timed_out();
                 }
                 Err(e) => tracing::warn!(run_id = %h.run_id, error = %e, "cannot poll a hook"),
             }
@@ -426,7 +407,9 @@ impl Hooks {
                 (Some(rec), Some(id)) if Orphan::alive(&rec) => {
                     tracing::info!(run_id = %rec.run_id, hook_pid = rec.pid, deadline = rec.deadline,
                         "a hook started by the previous daemon still runs; it is killed at its deadline unless it ends first");
-                    self.orphans.push(Orphan { id, rec, term_sent: None, next_check: Instant::now() });
+                    let left = Duration::from_millis(rec.deadline.saturating_sub(crate::now_ms()).max(0) as u64);
+                    let schedule = Schedule::new(Some(Instant::now() + left), Ladder::STOP);
+                    self.orphans.push(Orphan { id, rec, schedule, next_check: Instant::now() });
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -449,23 +432,18 @@ impl Hooks {
             let members = Orphan::members(&o.rec);
             if members.is_empty() {
                 let o = self.orphans.swap_remove(i);
-                if o.term_sent.is_some() {
+                if o.schedule.timed_out() {
                     note_orphan_killed(&l.run_dir(&o.id), &o.rec);
                 }
                 let _ = std::fs::remove_file(self.running_dir.join(o.id.as_str()));
                 continue;
             }
-            let sig = match o.term_sent {
-                None if crate::now_ms() >= o.rec.deadline => {
+            let before = o.schedule.timed_out();
+            if let Some(sig) = o.schedule.due(now) {
+                if !before {
                     tracing::warn!(run_id = %o.rec.run_id, hook_pid = o.rec.pid, timeout_s = o.rec.timeout_s,
                         "killed an orphaned hook at its deadline (hooks.timeout_s); the daemon restarted while it ran");
-                    o.term_sent = Some(now);
-                    Some(Signal::SIGTERM)
                 }
-                Some(t) if now >= t + KILL_GRACE => Some(Signal::SIGKILL),
-                _ => None,
-            };
-            if let Some(sig) = sig {
                 o.signal(&members, sig);
             }
             i += 1;
@@ -492,7 +470,7 @@ impl Orphan {
 
     fn signal(&self, members: &[u32], sig: Signal) {
         if members == [self.rec.pid] {
-            let _ = killpg(Pid::from_raw(self.rec.pid as i32), sig);
+            child::signal_group(self.rec.pid, sig);
         } else {
             for p in members {
                 let _ = nix::sys::signal::kill(Pid::from_raw(*p as i32), sig);
@@ -517,7 +495,7 @@ fn note_orphan_killed(dir: &Path, rec: &RunningRecord) {
     let _ = write_record(dir, &r);
 }
 
-fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
+fn spawn(command: &[String], dir: &Path, s: &Status, timeout: Duration) -> io::Result<Child> {
     // The run directory is the steps' to write: a FIFO planted as hook.log is refused, never waited on.
     let log = fsutil::open_append(&dir.join("hook.log"))?;
     // The hook writes into a pipe and a thread copies at most HOOK_LOG_MAX
@@ -535,7 +513,7 @@ fn spawn(command: &[String], dir: &Path, s: &Status) -> io::Result<Child> {
         .env("RUNSPOOL_RUN_DIR", dir)
         .env("RUNSPOOL_SESSION_ID", &s.session_id)
         .env("RUNSPOOL_EXIT_CODE", s.exit_code.unwrap_or(1).to_string());
-    let child = cmd.spawn()?;
+    let child = Child::spawn(&mut cmd, Some(Instant::now() + timeout), Ladder::STOP)?;
     // Our copies of the pipe's write end must close, or the copier never sees its end.
     drop(cmd);
     let path = dir.join("hook.log");

@@ -1,6 +1,8 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
-//! process-group membership; `procs`: keeping a run's processes contained.
+//! process-group membership; `procs`: keeping a run's processes contained;
+//! `child`: the one child supervisor (process groups, signals, the kill ladder).
 
+pub mod child;
 pub mod exec;
 pub mod procs;
 pub mod watch;

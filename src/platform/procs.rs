@@ -1,25 +1,9 @@
 //! Keeping a run's processes contained (Linux; elsewhere these degrade to
-//! what `kill` and process groups give): the runner as child subreaper, its
-//! children, processes recognised by the `RUNSPOOL_*` variables they were
+//! what `kill` and process groups give): the runner's children (it is their
+//! subreaper, `child::become_subreaper`), processes recognised by the `RUNSPOOL_*` variables they were
 //! started with, and a parent-death signal for helper processes.
 
 use std::time::{Duration, Instant};
-
-/// Make this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphans
-/// among its descendants (a `setsid`'d or double-forked grandchild whose
-/// parent exited) are re-parented to it instead of to init, so it can find
-/// and kill them. False where the platform has no such thing.
-pub fn become_subreaper() -> bool {
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    {
-        // SAFETY: prctl with integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) == 0 }
-    }
-    #[cfg(not(any(target_os = "linux", target_os = "android")))]
-    {
-        false
-    }
-}
 
 /// The fields of /proc/<pid>/stat a supervisor needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,13 +99,13 @@ pub fn kill_marked(marks: &[String], within: Duration) -> bool {
 /// SIGKILL `pid`, and its process group when it leads one (what a `setsid`
 /// or `setpgid` escapee usually is).
 pub fn kill_with_group(pid: u32) {
-    use nix::sys::signal::{kill, killpg, Signal};
+    use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     if pid <= 1 || pid > i32::MAX as u32 {
         return;
     }
     if stat(pid).is_some_and(|s| s.pgrp == pid) {
-        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        super::child::signal_group(pid, Signal::SIGKILL);
     }
     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
 }

@@ -1,12 +1,13 @@
 //! The bounded process runner both providers use: the child in its own
-//! process group, stdin written, stdout capped, stderr tailed, the whole
-//! group killed at the deadline.
+//! process group (`platform::child`), stdin written, stdout capped, stderr
+//! tailed, the whole group killed at the deadline.
 
 use std::io::{Read, Write};
 use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
+use crate::platform::child::{Child, Ladder};
 use crate::platform::exec;
 
 /// What a bounded process run produced.
@@ -41,16 +42,16 @@ pub fn run_bounded(
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn()?;
+    let mut child = Child::spawn(&mut cmd, Some(deadline), Ladder::KILL)?;
     let pgid = child.id();
-    let mut sin = child.stdin.take().expect("piped");
+    let mut sin = child.take_stdin().expect("piped");
     let input = stdin.to_vec();
     // A provider that never reads stdin must not block us: write from a thread.
     std::thread::spawn(move || {
         let _ = sin.write_all(&input);
     });
     let (otx, orx) = channel();
-    let mut sout = child.stdout.take().expect("piped");
+    let mut sout = child.take_stdout().expect("piped");
     std::thread::spawn(move || {
         let mut keep = Vec::new();
         let mut truncated = false;
@@ -71,7 +72,7 @@ pub fn run_bounded(
         let _ = otx.send((keep, truncated));
     });
     let (etx, erx) = channel();
-    let mut serr = child.stderr.take().expect("piped");
+    let mut serr = child.take_stderr().expect("piped");
     std::thread::spawn(move || {
         let mut tail: Vec<u8> = Vec::new();
         let mut buf = [0u8; 8192];
@@ -89,20 +90,21 @@ pub fn run_bounded(
         let start = tail.len().saturating_sub(4096);
         let _ = etx.send(String::from_utf8_lossy(&tail[start..]).into_owned());
     });
-    let mut timed_out = false;
     let status = loop {
-        match child.try_wait()? {
-            Some(st) => break Some(st),
-            None if Instant::now() >= deadline => {
-                timed_out = true;
-                kill_group(pgid);
-                break child.wait().ok();
-            }
-            None => std::thread::sleep(Duration::from_millis(10)),
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
         }
+        // At the deadline the group gets SIGKILL (`Ladder::KILL`): the leader ends at once.
+        child.tick(Instant::now());
+        if child.timed_out() {
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(10));
     };
+    let timed_out = child.timed_out();
     if timed_out {
-        kill_group(pgid);
+        // Whatever the group forked between the signal and the reap.
+        child.kill();
     }
     // A background grandchild may hold the pipes open: wait for them only
     // until the deadline (plus a moment), then go on without the rest.
@@ -113,12 +115,6 @@ pub fn run_bounded(
         .recv_timeout(grace.saturating_duration_since(Instant::now()) + Duration::from_millis(50))
         .unwrap_or_default();
     Ok(Output { status, stdout, stdout_truncated, stderr_tail, timed_out, pgid })
-}
-
-pub fn kill_group(pgid: u32) {
-    if pgid > 1 {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), nix::sys::signal::Signal::SIGKILL);
-    }
 }
 
 /// The last `max` characters of `s`, trimmed, for error messages.

@@ -9,7 +9,7 @@ pub mod command;
 pub mod slurm;
 
 pub use api::{failure, Call, CheckError, Provider, ProviderError};
-pub use bounded::{kill_group, run_bounded, tail_text, Output};
+pub use bounded::{run_bounded, tail_text, Output};
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -16,8 +16,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::json;
 
 use crate::protocol::outcome::Halt;
@@ -172,7 +171,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     // Before any step exists: every orphan among the steps' descendants (a
     // `setsid`'d or double-forked grandchild) is re-parented to us, so it can
     // be found and killed when its step ends (`contain`).
-    let containment = if crate::platform::procs::become_subreaper() { "subreaper" } else { "process-group" };
+    let containment = if crate::platform::child::become_subreaper() { "subreaper" } else { "process-group" };
     // G4: run only bytes that pass the claim's own validator, read once here.
     let req = match validate_request(&raw) {
         Ok(req) => req,
@@ -361,5 +360,5 @@ fn fail_unvalidated(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str) -
 }
 
 fn signal_group(pgid: u32, sig: Signal) {
-    let _ = killpg(Pid::from_raw(pgid as i32), sig);
+    crate::platform::child::signal_group(pgid, sig);
 }

@@ -5,10 +5,9 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use serde_json::{json, Value};
 
+use crate::platform::child::{self, Signal};
 use crate::protocol::status::{OpenSteps, State, Status, StepState, Unfinished};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
@@ -39,7 +38,7 @@ pub fn repair(w: &mut Writer, l: &Layout, run_id: &RunId) -> io::Result<()> {
         if let (StepState::Running, Some(pgid)) = (&st.status, st.pid) {
             if !crate::platform::run_processes_in_group(pgid, run_id).is_empty() {
                 tracing::warn!(run_id = %run_id, pgid, "killing the step process group left by a dead runner");
-                let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
+                child::signal_group(pgid, Signal::SIGKILL);
             }
         }
     }
