@@ -1,98 +1,59 @@
 //! `runspool runner <runDir>`: one run. Holds runner.lock for its whole life,
 //! runs the steps in their own process groups, enforces timeouts, obeys the
 //! control inbox, and records every outcome in status.json.
+//!
+//! The runner is made of parts, as the daemon is; each owns its state in its
+//! own file, does its work in a call, and says what happened as a value the
+//! `Runner` (this file) hands to the part it concerns. No part calls another:
+//!
+//! - `steps`: the group loop, command steps through the child supervisor
+//!   (`platform::child`), their timeouts and kill ladders, containment;
+//! - `control`: the control inbox and its watcher, stop requests, the halt,
+//!   the run's deadline;
+//! - `record`: every write the run makes (status.json, events, the steps'
+//!   "runspool:" lines, the heartbeat, indexes and result), the one owner of
+//!   the `Status` and the `Writer`;
+//! - `external`: external-job steps and their driver threads.
 
 mod control;
 mod external;
-mod finish;
+mod post;
+mod record;
 mod steps;
 
-use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
-use serde_json::json;
-
-use crate::protocol::outcome::Halt;
+use crate::protocol::outcome::{Exit, StepEnd};
 use crate::protocol::request::{self, Context, Rejection, Request, MAX_REQUEST_BYTES};
-use crate::protocol::status::{RunnerInfo, State, Status};
 use crate::store::fsutil;
 use crate::store::layout::{RunId, RunPaths};
-use crate::store::run::{event, update_status};
-use crate::store::{results, Layout, Writer};
-
-/// The run "deadline" of a run without a time limit (`timeoutMs` 0): ten years.
-const NO_LIMIT_MS: u64 = 10 * 365 * 86_400_000;
-
-enum Msg {
-    External(usize, external::Event),
-    Control,
-}
-
-/// The loop's mailbox for other threads (external-job drivers, the control
-/// inbox watcher): a message, then a byte on the wake socket, which SIGCHLD
-/// also writes to. Perf: the loop sleeps in poll(2) on that socket and reaps
-/// its steps with `try_wait`, so a step costs no waiter thread (a clone, a
-/// stack and a malloc arena in every runner).
-#[derive(Clone)]
-struct Post {
-    tx: Sender<Msg>,
-    wake: Arc<UnixStream>,
-}
-
-impl Post {
-    fn send(&self, m: Msg) {
-        let _ = self.tx.send(m);
-        // A full socket already holds a wake-up.
-        let _ = (&*self.wake).write(&[1]);
-    }
-}
-
-struct Running {
-    pid: u32,
-    /// The step's process (None for an external-job step).
-    child: Option<Child>,
-    started: Instant,
-    deadline: Option<Instant>,
-    /// Pending escalation: the next signal and when to send it.
-    escalate: Option<(Instant, Signal)>,
-    timed_out: bool,
-    /// Set for an external-job step (pid 0): signals become cancel or detach.
-    external: Option<external::Control>,
-}
+use crate::store::{Layout, Writer};
+use control::Control;
+use external::External;
+use post::{Msg, Post, Report};
+use record::Record;
+use steps::{Effect, Steps, View};
 
 pub struct Runner {
-    layout: Layout,
-    /// The run: its directory's name (`dir`'s last component).
-    id: RunId,
-    dir: PathBuf,
-    req: Request,
-    status: Status,
-    w: Writer,
     post: Post,
     rx: Receiver<Msg>,
     /// The read end of the wake socket (see `Post`).
     wake: UnixStream,
-    halt: Option<Halt>,
-    halt_reason: String,
-    /// When a running run's status is rewritten next only to refresh
-    /// `lastUpdate` (see `HEARTBEAT`).
-    next_heartbeat: Instant,
-    /// Steps a stop request named by `targetIndex` (0.67): reason, and
-    /// whether the step's processes were signalled already.
-    step_stop: BTreeMap<usize, (String, bool)>,
-    run_deadline: Instant,
-    step_timed_out: bool,
-    previous_output: Option<String>,
-    _watcher: Option<notify::RecommendedWatcher>,
-    /// When to start watching the control inbox (None: started or given up).
-    watch_at: Option<Instant>,
+    record: Record,
+    control: Control,
+    steps: Steps,
+    external: External,
+}
+
+/// What the steps read of the others: the status, the halt, the stops.
+macro_rules! view {
+    ($r:ident) => {
+        View { status: $r.record.status(), halt: $r.control.halt(), stops: $r.control.step_stops() }
+    };
 }
 
 /// Entry point. Returns the process exit code.
@@ -170,7 +131,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     let mut w = Writer::new();
     // Before any step exists: every orphan among the steps' descendants (a
     // `setsid`'d or double-forked grandchild) is re-parented to us, so it can
-    // be found and killed when its step ends (`contain`).
+    // be found and killed when its step ends (`Steps::contain`).
     let containment = if crate::platform::child::become_subreaper() { "subreaper" } else { "process-group" };
     // G4: run only bytes that pass the claim's own validator, read once here.
     let req = match validate_request(&raw) {
@@ -184,148 +145,159 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
             );
             open_logs(&dir);
             crate::note!("{message}");
-            fail_unvalidated(&mut w, &layout, &id, &message)?;
+            record::fail_unvalidated(&mut w, &layout, &id, &message)?;
             return Ok(1);
         }
     };
     let pid = std::process::id();
-    let started = mark_running(&mut w, &dir, pid, containment)?;
+    let started = record::mark_running(&mut w, &dir, pid, containment)?;
     open_logs(&dir);
     let Some(status) = started else {
         crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
     };
-    let mut r = Runner::new(layout, id, dir, req, status, w)?;
-    r.ev("subagent.run.started", json!({"mode": r.status.mode, "cwd": r.status.cwd, "pid": pid}));
+    let mut r = Runner::new(Record::new(layout, id, dir.clone(), status, w), dir, req)?;
+    r.record.run_started(pid);
     r.execute();
     // Whatever escaped its step and is still around ends with the run.
-    r.contain(&[], &BTreeMap::new());
-    // Perf: drop the inotify watch before the terminal writes; closing an inotify fd that still
-    // has a watch waits for an RCU grace period (~10 ms) at exit, delaying the daemon's reaping.
-    if let Some(w) = r._watcher.as_mut() {
-        use notify::Watcher;
-        let _ = w.unwatch(&RunPaths::control(&r.dir));
-    }
-    r.finish();
+    r.steps.contain();
+    r.control.unwatch();
+    r.record.finish(r.control.halt(), r.control.halt_reason(), r.steps.step_timed_out());
     Ok(0)
-}
-
-/// The `running` status: this runner's pid, identity and containment, the
-/// run's deadline. None when the run is no longer queued.
-fn mark_running(w: &mut Writer, dir: &Path, pid: u32, containment: &str) -> std::io::Result<Option<Status>> {
-    let now = crate::now_ms();
-    let mut started = None;
-    update_status(w, dir, |cur| {
-        let mut s = cur?;
-        if s.state != State::Queued {
-            return None;
-        }
-        s.state = State::Running;
-        s.started_at = now;
-        // Why it waited is over (PROTOCOL §15); `notBefore` and `after` stay as asked.
-        s.set_waiting(None, &[]);
-        // timeoutMs 0: no run time limit (config `default_timeout_ms = 0`).
-        s.deadline_at = (s.timeout_ms > 0).then(|| now + s.timeout_ms as i64);
-        s.pid = Some(pid);
-        s.runner = Some(RunnerInfo {
-            pid,
-            hostname: crate::platform::hostname(),
-            start_identity: crate::platform::start_identity(pid),
-            process_instance_id: uuid::Uuid::new_v4().to_string(),
-            containment: Some(containment.to_string()),
-        });
-        started = Some(s.clone());
-        Some(s)
-    })?;
-    Ok(started)
 }
 
 impl Runner {
     /// The runner of a run whose `running` status is written. The loop's
     /// wake socket is set up here: off the path from drop to runner started,
     /// and before the first step exists.
-    fn new(
-        layout: Layout,
-        id: RunId,
-        dir: PathBuf,
-        req: Request,
-        status: Status,
-        w: Writer,
-    ) -> std::io::Result<Runner> {
+    fn new(record: Record, dir: PathBuf, req: Request) -> std::io::Result<Runner> {
         let (tx, rx) = channel();
         let (wake, waker) = UnixStream::pair()?;
         wake.set_nonblocking(true)?;
         waker.set_nonblocking(true)?;
         signal_hook::low_level::pipe::register(libc::SIGCHLD, waker.try_clone()?)?;
         let post = Post { tx, wake: Arc::new(waker) };
-        let limit = if status.timeout_ms > 0 { status.timeout_ms } else { NO_LIMIT_MS };
-        Ok(Runner {
-            layout,
-            id,
-            dir,
-            req,
-            status,
-            w,
-            post,
-            rx,
-            wake,
-            halt: None,
-            halt_reason: String::new(),
-            next_heartbeat: Instant::now() + heartbeat(),
-            step_stop: BTreeMap::new(),
-            run_deadline: Instant::now() + Duration::from_millis(limit),
-            step_timed_out: false,
-            previous_output: None,
-            _watcher: None,
-            // Perf: the inbox is polled for the first 50 ms and watched after that, so a
-            // short run never pays for the watcher thread and the slow inotify close at exit.
-            watch_at: Some(Instant::now() + Duration::from_millis(50)),
-        })
+        let status = record.status();
+        let control = Control::new(dir.clone(), status);
+        let external = External::new(dir.clone(), req.cwd.clone());
+        let steps = Steps::new(dir, status.run_id.clone(), req);
+        Ok(Runner { post, rx, wake, record, control, steps, external })
     }
 
-    fn ev(&mut self, kind: &str, fields: serde_json::Value) {
-        event(&mut self.w, &self.dir, &self.status.run_id.clone(), kind, fields);
-    }
-
-    fn save(&mut self) {
-        let snap = self.status.clone();
-        let res = update_status(&mut self.w, &self.dir, move |cur| {
-            let mut s = snap;
-            if let Some(c) = cur {
-                for (k, v) in c.extra {
-                    s.extra.entry(k).or_insert(v);
-                }
+    /// The loop: start what can start, sleep until something happens, then
+    /// hear the drivers, reap the steps, read the inbox, signal the steps.
+    fn execute(&mut self) {
+        let stops = self.control.check(self.record.status());
+        self.stop_requested(stops);
+        loop {
+            while let Some(fx) = self.steps.advance(&view!(self)) {
+                self.apply(fx);
             }
-            Some(s)
-        });
-        match res {
-            Ok(Some(s)) => self.status.last_update = s.last_update,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "status read-merge failed; writing the runner's own copy");
-                let bytes = serde_json::to_vec_pretty(&self.status).unwrap_or_default();
-                let durable = !self.status.state.is_active();
-                if let Err(e) = self.w.write(&RunPaths::status(&self.dir), bytes, durable) {
-                    crate::note!("cannot write status.json: {e}");
+            if self.steps.done() {
+                break;
+            }
+            self.sleep(self.next_wake().saturating_duration_since(Instant::now()));
+            while let Ok(m) = self.rx.try_recv() {
+                self.message(m);
+            }
+            let fx = self.steps.reap();
+            self.apply(fx);
+            self.steps.contain();
+            let stops = self.control.turn(Instant::now(), &self.post, self.record.status());
+            self.stop_requested(stops);
+            let now = Instant::now();
+            self.record.heartbeat(now);
+            let fx = self.steps.signal(now, &view!(self));
+            self.apply(fx);
+        }
+    }
+
+    /// When the loop wakes next: the nearest deadline, at most 1 s away (the
+    /// control inbox is re-checked at least that often).
+    fn next_wake(&self) -> Instant {
+        let soon = Instant::now() + Duration::from_secs(1);
+        [Some(soon), self.control.next_wake(), self.steps.next_wake()].into_iter().flatten().min().unwrap_or(soon)
+    }
+
+    fn stop_requested(&mut self, events: Vec<serde_json::Value>) {
+        for e in events {
+            self.record.ev("subagent.run.stop_requested", e);
+        }
+    }
+
+    /// Hand what the steps did to the part it concerns.
+    fn apply(&mut self, fx: Vec<Effect>) {
+        for e in fx {
+            match e {
+                Effect::GroupStarted { ti, members, parallel } => self.record.group_started(ti, &members, parallel),
+                Effect::GroupEnded { ti, ok, parallel } => self.record.group_ended(ti, ok, parallel),
+                Effect::Skip { i, why } => self.record.step_skipped(i, &why),
+                Effect::Starting { i, at } => self.record.step_starting(i, at),
+                Effect::Started { i, pid } => self.record.step_started(i, pid),
+                Effect::Unstarted { i, msg } => self.record.step_unstarted(i, 127, msg, None),
+                Effect::External { i, step, job } => {
+                    match self.external.prepare(i, &step, &job, self.record.status(), &self.post) {
+                        Ok(ej) => {
+                            self.record.external_started(i, ej);
+                            if !self.external.launch(i) {
+                                self.steps.forget(i);
+                            }
+                        }
+                        Err((msg, ej)) => {
+                            self.record.step_unstarted(i, 1, msg, Some(ej));
+                            self.steps.forget(i);
+                        }
+                    }
                 }
+                Effect::Exited { i, code, signal, timed_out, duration_ms, save_now } => {
+                    let end = StepEnd {
+                        exit: Exit::Process { code, signal },
+                        timed_out,
+                        halt: self.control.halt(),
+                        stopped_alone: self.control.step_stops().get(&i).map(String::as_str),
+                        duration_ms,
+                    };
+                    self.record.step_exited(i, end, code, save_now);
+                }
+                Effect::SignalExternal { i, sig } => self.external.signal(i, sig),
             }
         }
     }
-}
 
-/// How often a running run's `lastUpdate` is refreshed when nothing else
-/// writes its status: hourly, far inside pi-subagents 0.67's 24 h stale-run
-/// rule and far from a cost (one small write an hour).
-/// `RUNSPOOL_STATUS_HEARTBEAT_MS` changes it (tests, or a stricter reader).
-const HEARTBEAT: Duration = Duration::from_secs(3600);
+    /// A message from another thread: a driver's news, or the inbox changed
+    /// (read in the turn that follows).
+    fn message(&mut self, m: Msg) {
+        match m {
+            Msg::External(i, Report::Update { job, line }) => self.record.external_updated(i, job, line),
+            Msg::External(i, Report::Done { completed, note, job, output_file }) => {
+                let Some((duration_ms, timed_out)) = self.steps.external_ended(i) else { return };
+                self.external.ended(i);
+                let end = StepEnd {
+                    exit: Exit::Job { completed, note },
+                    timed_out,
+                    halt: self.control.halt(),
+                    // A targeted stop cancels the job; the step then ends as failed.
+                    stopped_alone: None,
+                    duration_ms,
+                };
+                self.record.external_ended(i, end, job, output_file);
+            }
+            Msg::Control => {}
+        }
+    }
 
-fn heartbeat() -> Duration {
-    std::env::var("RUNSPOOL_STATUS_HEARTBEAT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|ms| *ms >= 100)
-        .map(Duration::from_millis)
-        .unwrap_or(HEARTBEAT)
+    /// Sleep until a step exits (SIGCHLD), another thread posts a message, or
+    /// `d` has passed; then empty the wake socket.
+    fn sleep(&self, d: Duration) {
+        use std::io::Read as _;
+        use std::os::fd::AsFd as _;
+        let ms = u16::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(self.wake.as_fd(), nix::poll::PollFlags::POLLIN)];
+        // EINTR means a signal arrived, which is as good as a byte.
+        let _ = nix::poll::poll(&mut fds, ms);
+        let mut buf = [0u8; 64];
+        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
+    }
 }
 
 /// What the validator may check again at run time: the shape and limits of
@@ -347,18 +319,4 @@ fn validate_request(raw: &[u8]) -> Result<Request, Rejection> {
         return Err(Rejection::new(request::RejectionCode::TooLarge, format!("it is over {MAX_REQUEST_BYTES} bytes")));
     }
     request::parse(raw).and_then(|v| request::validate(raw, &v, &RunTime))
-}
-
-/// End a queued run whose request.json fails validation: `failed`, every step
-/// skipped, the reason in `error`, indexes and result published.
-fn fail_unvalidated(w: &mut Writer, l: &Layout, run_id: &RunId, message: &str) -> anyhow::Result<()> {
-    results::fail_queued(w, l, run_id, message, "skipped: request.json fails validation")?;
-    while !w.flush() {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    Ok(())
-}
-
-fn signal_group(pgid: u32, sig: Signal) {
-    crate::platform::child::signal_group(pgid, sig);
 }

@@ -1,293 +1,213 @@
-//! Steps: the group loop, starting command steps in their own process
-//! groups, timeouts and signal escalation, and recording how each ended.
+//! Steps: the group loop (which item is next, how many of a parallel group
+//! run at once), starting command steps through the child supervisor
+//! (`platform::child`: their own process groups, the kill ladder), reaping
+//! them, their timeouts, and containing what escaped them. Owns the running
+//! steps; says what happened as `Effect`s, which the `Runner` hands to the
+//! record (and, for external-job steps, to the external part).
 
-use std::collections::{BTreeMap, VecDeque};
-use std::io::Read as _;
-use std::os::fd::AsFd as _;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
-use serde_json::json;
-
-use super::{heartbeat, signal_group, Msg, Runner, Running};
+use crate::platform::child::{self, Child, Ladder, Schedule, Signal};
 use crate::platform::exec;
-use crate::protocol::outcome::{classify, Exit, Halt, StepEnd};
-use crate::protocol::request::{Item, Step};
-use crate::protocol::status::StepState;
+use crate::protocol::outcome::Halt;
+use crate::protocol::request::{ExternalJob, Item, Request, Step};
+use crate::protocol::status::{Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
-impl Runner {
-    pub(super) fn execute(&mut self) {
-        self.check_control();
-        let items = self.req.steps.clone();
-        let mut flat = 0;
-        for (ti, item) in items.iter().enumerate() {
-            let members: Vec<usize> = match item {
-                Item::Step(_) => vec![flat],
-                Item::Parallel(p) => (flat..flat + p.parallel.len()).collect(),
+/// What the steps did, for the other parts (applied in order).
+#[derive(Debug)]
+pub(super) enum Effect {
+    /// Top-level item `ti` starts with these members.
+    GroupStarted { ti: usize, members: Vec<usize>, parallel: bool },
+    /// Item `ti` ended; `ok`: every member completed.
+    GroupEnded { ti: usize, ok: bool, parallel: bool },
+    /// A pending step a stop request named never starts.
+    Skip { i: usize, why: String },
+    /// Step `i` is being started (epoch ms).
+    Starting { i: usize, at: i64 },
+    /// Command step `i` started as process group `pid`.
+    Started { i: usize, pid: u32 },
+    /// Command step `i` could not start.
+    Unstarted { i: usize, msg: String },
+    /// External-job step `i` is to be dispatched (it is running from now on).
+    External { i: usize, step: Box<Step>, job: Box<ExternalJob> },
+    /// Command step `i`'s process exited: its code (128 + n for signal n)
+    /// and the signal's name. `save_now`: other steps still run.
+    Exited { i: usize, code: i32, signal: Option<String>, timed_out: bool, duration_ms: i64, save_now: bool },
+    /// External-job step `i` is due this signal of its ladder.
+    SignalExternal { i: usize, sig: Signal },
+}
+
+/// What the steps read of the other parts' state.
+pub(super) struct View<'a> {
+    pub status: &'a Status,
+    pub halt: Option<Halt>,
+    /// Steps a stop request named alone, with its reason.
+    pub stops: &'a BTreeMap<usize, String>,
+}
+
+/// The item being run.
+struct Group {
+    ti: usize,
+    members: Vec<usize>,
+    conc: usize,
+    queue: VecDeque<usize>,
+    parallel: bool,
+}
+
+enum Slot {
+    /// A command step: its process group.
+    Command(Child),
+    /// An external-job step: its driver is the external part's; the ladder is ours.
+    External(Schedule),
+}
+
+struct Running {
+    started: Instant,
+    slot: Slot,
+}
+
+pub(super) struct Steps {
+    dir: PathBuf,
+    run_id: String,
+    req: Request,
+    flat: Vec<Step>,
+    /// The next top-level item.
+    next_item: usize,
+    next_flat: usize,
+    group: Option<Group>,
+    running: BTreeMap<usize, Running>,
+    previous_output: Option<String>,
+    step_timed_out: bool,
+    /// The halt the running steps were last signalled for.
+    halt_seen: Option<Halt>,
+    /// Steps a stop request named that were signalled already.
+    stop_sent: BTreeSet<usize>,
+    /// Command steps (index, process group) that exited since the last `contain`.
+    ended: Vec<(usize, u32)>,
+    done: bool,
+}
+
+impl Steps {
+    pub(super) fn new(dir: PathBuf, run_id: String, req: Request) -> Steps {
+        let flat = req.flat_steps().into_iter().cloned().collect();
+        Steps {
+            dir,
+            run_id,
+            req,
+            flat,
+            next_item: 0,
+            next_flat: 0,
+            group: None,
+            running: BTreeMap::new(),
+            previous_output: None,
+            step_timed_out: false,
+            halt_seen: None,
+            stop_sent: BTreeSet::new(),
+            ended: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// No step runs and none will start.
+    pub(super) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// A step's own `timeoutMs` fired.
+    pub(super) fn step_timed_out(&self) -> bool {
+        self.step_timed_out
+    }
+
+    /// One move of the group loop: start the next item, start (or skip) one
+    /// more of its members, or end it once none runs. None: nothing to do
+    /// until a step ends (or all is done).
+    pub(super) fn advance(&mut self, v: &View) -> Option<Vec<Effect>> {
+        if self.done {
+            return None;
+        }
+        let Some(g) = self.group.as_mut() else {
+            // A failed step, or one stopped on its own, ends a chain; so does a halt.
+            let failed = v.status.steps.iter().any(|s| matches!(s.status, StepState::Failed | StepState::Stopped));
+            let Some(item) = self.req.steps.get(self.next_item).filter(|_| v.halt.is_none() && !failed) else {
+                self.done = true;
+                return None;
             };
-            flat += members.len();
-            if self.halt.is_some() || self.any_failed() {
-                break;
-            }
-            self.status.current_step = ti;
-            let ok = match item {
-                Item::Step(_) => self.run_group(&members, 1),
+            let ti = self.next_item;
+            let (members, conc, parallel): (Vec<usize>, usize, bool) = match item {
+                Item::Step(_) => (vec![self.next_flat], 1, false),
                 Item::Parallel(p) => {
-                    let agents: Vec<String> = members.iter().map(|&i| self.status.steps[i].agent.clone()).collect();
-                    self.ev(
-                        "subagent.parallel.started",
-                        json!({"stepIndex": ti, "agents": agents, "count": members.len()}),
-                    );
-                    let conc = p.concurrency.map(|c| c as usize).unwrap_or(members.len()).max(1);
-                    let ok = self.run_group(&members, conc);
-                    self.ev("subagent.parallel.completed", json!({"stepIndex": ti, "success": ok}));
-                    ok
+                    let m: Vec<usize> = (self.next_flat..self.next_flat + p.parallel.len()).collect();
+                    let conc = p.concurrency.map(|c| c as usize).unwrap_or(m.len()).max(1);
+                    (m, conc, true)
                 }
             };
-            self.previous_output = members.last().and_then(|&i| self.status.steps[i].output_file.clone());
-            if !ok {
-                break;
-            }
-        }
-    }
-
-    /// A failed step, or one stopped on its own by a targeted stop request:
-    /// either ends a chain, and the run is `failed` unless it was halted.
-    pub(super) fn any_failed(&self) -> bool {
-        self.status.steps.iter().any(|s| matches!(s.status, StepState::Failed | StepState::Stopped))
-    }
-
-    /// A pending step a stop request named: it never starts.
-    fn skip_stopped(&mut self, i: usize, why: String) {
-        let agent = self.status.steps[i].agent.clone();
-        let st = &mut self.status.steps[i];
-        st.status = StepState::Stopped;
-        st.stopped = Some(true);
-        st.exit_code = Some(-1);
-        st.duration_ms = Some(0);
-        st.error = Some(format!("{why} before it started"));
-        self.save();
-        self.ev("subagent.step.stopped", json!({"stepIndex": i, "agent": agent, "exitCode": -1, "durationMs": 0}));
-    }
-
-    /// Run the given flat steps with at most `conc` at once. True if all complete.
-    fn run_group(&mut self, members: &[usize], conc: usize) -> bool {
-        let mut queue: VecDeque<usize> = members.iter().copied().collect();
-        let mut running: BTreeMap<usize, Running> = BTreeMap::new();
-        let steps: Vec<Step> = self.req.flat_steps().into_iter().cloned().collect();
-        loop {
-            while self.halt.is_none() && running.len() < conc {
-                let Some(i) = queue.pop_front() else { break };
-                if let Some((why, _)) = self.step_stop.get(&i).cloned() {
-                    self.skip_stopped(i, why);
-                    continue;
-                }
-                if let Some(r) = self.spawn(i, &steps[i]) {
-                    running.insert(i, r);
-                }
-            }
-            if running.is_empty() {
-                break;
-            }
-            let now = Instant::now();
-            self.sleep(self.next_wake(&running).saturating_duration_since(now));
-            while let Ok(m) = self.rx.try_recv() {
-                match m {
-                    Msg::External(i, ev) => self.on_external(i, ev, &mut running),
-                    Msg::Control => {}
-                }
-            }
-            self.reap_exited(&mut running);
-            if self.watch_at.is_some_and(|t| Instant::now() >= t) {
-                self.watch_at = None;
-                self.watch_control(); // the check_control below sees what landed before the watch
-            }
-            let before = self.halt;
-            self.check_control();
-            let now = Instant::now();
-            if now >= self.next_heartbeat {
-                // pi-subagents 0.67 fails a run whose pid lives but whose
-                // lastUpdate is over 24 h old; a long step must not look stale.
-                self.next_heartbeat = now + heartbeat();
-                self.save();
-            }
-            if self.halt.is_none() && now >= self.run_deadline {
-                let msg = format!("run timed out after {} ms", self.status.timeout_ms);
-                self.request_halt(Halt::Timeout, msg);
-            }
-            self.signal_steps(&mut running, before, now);
-        }
-        members.iter().all(|&i| self.status.steps[i].status == StepState::Complete)
-    }
-
-    /// When the loop wakes next: the nearest deadline, at most 1 s away (the
-    /// control inbox is re-checked at least that often).
-    fn next_wake(&self, running: &BTreeMap<usize, Running>) -> Instant {
-        let mut wake = Instant::now() + Duration::from_secs(1);
-        if self.halt.is_none() {
-            wake = wake.min(self.run_deadline);
-        }
-        if let Some(t) = self.watch_at {
-            wake = wake.min(t);
-        }
-        for r in running.values() {
-            if let Some(d) = r.deadline {
-                wake = wake.min(d);
-            }
-            if let Some((t, _)) = r.escalate {
-                wake = wake.min(t);
-            }
-        }
-        wake
-    }
-
-    /// Record the command steps that exited, and take what they left behind
-    /// with them; orphans that exited on their own are reaped (they are our
-    /// children now).
-    fn reap_exited(&mut self, running: &mut BTreeMap<usize, Running>) {
-        let exited: Vec<(usize, std::io::Result<ExitStatus>)> = running
-            .iter_mut()
-            .filter_map(|(&i, r)| match r.child.as_mut()?.try_wait() {
-                Ok(None) => None,
-                Ok(Some(st)) => Some((i, Ok(st))),
-                Err(e) => Some((i, Err(e))),
-            })
-            .collect();
-        let ended: Vec<(usize, u32)> = exited.iter().filter_map(|(i, _)| running.get(i).map(|r| (*i, r.pid))).collect();
-        for (i, res) in exited {
-            if let Some(r) = running.remove(&i) {
-                // Perf: with nothing else running, the next status write (the
-                // next step's start, or the terminal status) follows at once
-                // and carries this exit too: one write and one inode fewer per
-                // step. A member whose siblings still run is saved now.
-                let save_now = !running.is_empty();
-                self.record_exit(i, r, res, save_now);
-            }
-        }
-        self.contain(&ended, running);
-    }
-
-    /// Signal the running steps: those a stop request named, all of them when
-    /// the halt changed since `before`, those past their own deadline; and
-    /// escalate what is due (SIGINT, then SIGTERM, then SIGKILL).
-    fn signal_steps(&mut self, running: &mut BTreeMap<usize, Running>, before: Option<Halt>, now: Instant) {
-        for (i, r) in running.iter_mut() {
-            if let Some((_, sent)) = self.step_stop.get_mut(i) {
-                if !*sent {
-                    *sent = true;
-                    r.signal(Signal::SIGTERM);
-                    r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
-                }
-            }
-        }
-        if self.halt != before {
-            let first = match self.halt {
-                Some(Halt::Interrupt) => (Signal::SIGINT, Duration::from_secs(1), Signal::SIGTERM),
-                _ => (Signal::SIGTERM, Duration::from_secs(3), Signal::SIGKILL),
-            };
-            for r in running.values_mut() {
-                r.signal(first.0);
-                r.escalate = Some((now + first.1, first.2));
-            }
-        }
-        for r in running.values_mut() {
-            if r.deadline.is_some_and(|d| now >= d) && !r.timed_out {
-                r.timed_out = true;
-                r.deadline = None;
-                r.signal(Signal::SIGTERM);
-                r.escalate = Some((now + Duration::from_secs(3), Signal::SIGKILL));
-            }
-            if let Some((t, sig)) = r.escalate {
-                if now >= t {
-                    r.signal(sig);
-                    // After SIGTERM (interrupt ladder) comes SIGKILL; after SIGKILL, nothing.
-                    r.escalate = (sig == Signal::SIGTERM).then(|| (now + Duration::from_secs(3), Signal::SIGKILL));
-                }
-            }
-        }
-    }
-
-    fn spawn(&mut self, i: usize, step: &Step) -> Option<Running> {
-        let out_path = RunPaths::output(&self.dir, i);
-        let now_ms = crate::now_ms();
-        let agent = self.status.steps[i].agent.clone();
-        {
-            let st = &mut self.status.steps[i];
-            st.status = StepState::Running;
-            st.started_at = Some(now_ms);
-            st.output_file = Some(out_path.display().to_string());
-        }
-        self.status.output_file = Some(out_path.display().to_string());
-        let started = Instant::now();
-        let result = match (&step.command, &step.external_job) {
-            (Some(argv), _) => self.start_command(i, step, argv, &out_path),
-            (None, Some(j)) => return self.spawn_external(i, step, j, started),
-            (None, None) => Err("the step has no command".to_string()),
+            self.next_item += 1;
+            self.next_flat += members.len();
+            let queue = members.iter().copied().collect();
+            self.group = Some(Group { ti, members: members.clone(), conc, queue, parallel });
+            return Some(vec![Effect::GroupStarted { ti, members, parallel }]);
         };
-        match result {
-            Ok(child) => {
-                let pid = child.id();
-                self.status.steps[i].pid = Some(pid);
-                self.save();
-                self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-                let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
-                Some(Running {
-                    pid,
-                    child: Some(child),
-                    started,
-                    deadline,
-                    escalate: None,
-                    timed_out: false,
-                    external: None,
-                })
-            }
-            Err(msg) => {
-                self.fail_unstarted(i, &agent, &out_path, 127, msg, None);
-                None
+        if v.halt.is_none() && self.running.len() < g.conc {
+            if let Some(i) = g.queue.pop_front() {
+                if let Some(why) = v.stops.get(&i) {
+                    return Some(vec![Effect::Skip { i, why: why.clone() }]);
+                }
+                return Some(self.spawn(i));
             }
         }
+        if !self.running.is_empty() {
+            return None;
+        }
+        let g = self.group.take()?;
+        let ok = g.members.iter().all(|&i| v.status.steps[i].status == StepState::Complete);
+        self.previous_output = g.members.last().and_then(|&i| v.status.steps[i].output_file.clone());
+        self.done = !ok;
+        Some(vec![Effect::GroupEnded { ti: g.ti, ok, parallel: g.parallel }])
     }
 
-    /// A step that could not start: its reason goes to its log and status,
-    /// with `code` as its exit code (and the external job's record, if any).
-    pub(crate) fn fail_unstarted(
+    fn spawn(&mut self, i: usize) -> Vec<Effect> {
+        let at = crate::now_ms();
+        let step = self.flat[i].clone();
+        let started = Instant::now();
+        let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
+        let mut fx = vec![Effect::Starting { i, at }];
+        match (&step.command, &step.external_job) {
+            (Some(argv), _) => match self.start_command(i, &step, argv, deadline) {
+                Ok(c) => {
+                    fx.push(Effect::Started { i, pid: c.id() });
+                    self.running.insert(i, Running { started, slot: Slot::Command(c) });
+                }
+                Err(msg) => fx.push(Effect::Unstarted { i, msg }),
+            },
+            (None, Some(job)) => {
+                let slot = Slot::External(Schedule::new(deadline, Ladder::STOP));
+                self.running.insert(i, Running { started, slot });
+                fx.push(Effect::External { i, job: Box::new(job.clone()), step: Box::new(step.clone()) });
+            }
+            (None, None) => fx.push(Effect::Unstarted { i, msg: "the step has no command".to_string() }),
+        }
+        fx
+    }
+
+    fn start_command(
         &mut self,
         i: usize,
-        agent: &str,
-        out: &Path,
-        code: i32,
-        msg: String,
-        job: Option<serde_json::Value>,
-    ) {
-        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-        let _ = fsutil::append_line(out, format!("runspool: {msg}").as_bytes());
-        let st = &mut self.status.steps[i];
-        st.status = StepState::Failed;
-        st.exit_code = Some(code);
-        st.error = Some(msg);
-        st.ended_at = Some(crate::now_ms());
-        st.duration_ms = Some(0);
-        if job.is_some() {
-            st.external_job = job.clone();
-        }
-        self.save();
-        if let Some(job) = job {
-            self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
-        }
-        self.ev("subagent.step.failed", json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": 0}));
-    }
-
-    fn start_command(&mut self, i: usize, step: &Step, argv: &[String], out: &Path) -> Result<Child, String> {
+        step: &Step,
+        argv: &[String],
+        deadline: Option<Instant>,
+    ) -> Result<Child, String> {
+        let out = RunPaths::output(&self.dir, i);
         // A full disk (or fd table) is waited out here rather than failing the
         // step; a stop request is seen once the file exists.
-        let (file, err) = fsutil::wait_out_capacity(out, || {
+        let (file, err) = fsutil::wait_out_capacity(&out, || {
             // An earlier step may have planted a FIFO here: refused, never waited on.
-            let f = fsutil::open_append(out)?;
+            let f = fsutil::open_append(&out)?;
             let e = f.try_clone()?;
             Ok((f, e))
         })
@@ -299,55 +219,297 @@ impl Runner {
             .stdout(file)
             .stderr(err);
         cmd.envs(&self.req.env).envs(&step.env);
-        cmd.env("RUNSPOOL_RUN_ID", &self.status.run_id)
+        cmd.env("RUNSPOOL_RUN_ID", &self.run_id)
             .env("RUNSPOOL_RUN_DIR", &self.dir)
             .env("RUNSPOOL_STEP_INDEX", i.to_string())
             .env("RUNSPOOL_PREVIOUS_OUTPUT", self.previous_output.as_deref().unwrap_or(""));
-        cmd.spawn().map_err(|e| format!("cannot start `{}`: {e}", argv[0]))
+        Child::spawn(&mut cmd, deadline, Ladder::STOP).map_err(|e| format!("cannot start `{}`: {e}", argv[0]))
     }
 
-    /// Sleep until a step exits (SIGCHLD), another thread posts a message, or
-    /// `d` has passed; then empty the wake socket.
-    fn sleep(&self, d: Duration) {
-        let ms = u16::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
-        let mut fds = [nix::poll::PollFd::new(self.wake.as_fd(), nix::poll::PollFlags::POLLIN)];
-        // EINTR means a signal arrived, which is as good as a byte.
-        let _ = nix::poll::poll(&mut fds, ms);
-        let mut buf = [0u8; 64];
-        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
+    /// An external-job step the external part could not start (or whose
+    /// driver did not): it runs no more.
+    pub(super) fn forget(&mut self, i: usize) {
+        self.running.remove(&i);
     }
 
-    fn record_exit(&mut self, i: usize, r: Running, res: std::io::Result<ExitStatus>, save_now: bool) {
-        let (code, signal) = match res {
-            Ok(st) => match (st.code(), st.signal()) {
-                (Some(c), _) => (c, None),
-                (None, Some(s)) => (128 + s, Some(crate::platform::signal_name(s))),
-                _ => (1, None),
-            },
-            Err(_) => (1, None),
+    /// External-job step `i` ended: how long it ran and whether its own
+    /// timeout fired. None when it was not running.
+    pub(super) fn external_ended(&mut self, i: usize) -> Option<(i64, bool)> {
+        let r = self.running.remove(&i)?;
+        let timed_out = match &r.slot {
+            Slot::External(s) => s.timed_out(),
+            Slot::Command(c) => c.timed_out(),
         };
-        // The group may have members left after its leader exited.
-        signal_group(r.pid, Signal::SIGKILL);
-        let dur = r.started.elapsed().as_millis() as i64;
-        let outcome = classify(StepEnd {
-            exit: Exit::Process { code, signal },
-            timed_out: r.timed_out,
-            halt: self.halt,
-            stopped_alone: self.step_stop.get(&i).map(|(why, _)| why.as_str()),
-            duration_ms: dur,
-        });
-        self.step_timed_out |= r.timed_out;
-        let st = &mut self.status.steps[i];
-        outcome.apply(st);
-        st.ended_at = Some(crate::now_ms());
-        st.duration_ms = Some(dur);
-        let agent = st.agent.clone();
-        if save_now {
-            self.save();
+        self.step_timed_out |= timed_out;
+        Some((r.started.elapsed().as_millis() as i64, timed_out))
+    }
+
+    /// When the steps need the loop next: the nearest deadline or rung.
+    pub(super) fn next_wake(&self) -> Option<Instant> {
+        self.running
+            .values()
+            .filter_map(|r| match &r.slot {
+                Slot::Command(c) => c.next_wake(),
+                Slot::External(s) => s.next_wake(),
+            })
+            .min()
+    }
+
+    /// The command steps whose process exited; `contain` then takes what
+    /// they left behind.
+    pub(super) fn reap(&mut self) -> Vec<Effect> {
+        let exited: Vec<(usize, std::io::Result<ExitStatus>)> = self
+            .running
+            .iter_mut()
+            .filter_map(|(&i, r)| match &mut r.slot {
+                Slot::Command(c) => match c.try_wait() {
+                    Ok(None) => None,
+                    Ok(Some(st)) => Some((i, Ok(st))),
+                    Err(e) => Some((i, Err(e))),
+                },
+                Slot::External(_) => None,
+            })
+            .collect();
+        let mut fx = Vec::new();
+        for (i, res) in exited {
+            let Some(Running { started, slot: Slot::Command(c) }) = self.running.remove(&i) else { continue };
+            let (code, signal) = match res {
+                Ok(st) => match (st.code(), st.signal()) {
+                    (Some(c), _) => (c, None),
+                    (None, Some(s)) => (128 + s, Some(crate::platform::signal_name(s))),
+                    _ => (1, None),
+                },
+                Err(_) => (1, None),
+            };
+            // The group may have members left after its leader exited.
+            c.kill();
+            self.ended.push((i, c.id()));
+            self.step_timed_out |= c.timed_out();
+            fx.push(Effect::Exited {
+                i,
+                code,
+                signal,
+                timed_out: c.timed_out(),
+                duration_ms: started.elapsed().as_millis() as i64,
+                // Perf: with nothing else running, the next status write (the
+                // next step's start, or the terminal status) carries this exit.
+                save_now: !self.running.is_empty(),
+            });
         }
-        self.ev(
-            &format!("subagent.step.{}", outcome.event_kind()),
-            json!({"stepIndex": i, "agent": agent, "exitCode": code, "durationMs": dur}),
+        fx
+    }
+
+    /// Signal the running steps: those a stop request named, all of them when
+    /// the halt changed since they were last signalled, those past their own
+    /// deadline; and climb the ladders (`Ladder::STOP`, `Ladder::INTERRUPT`).
+    pub(super) fn signal(&mut self, now: Instant, v: &View) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        let halt_changed = v.halt != self.halt_seen;
+        self.halt_seen = v.halt;
+        let on_halt = match v.halt {
+            Some(Halt::Interrupt) => Ladder::INTERRUPT,
+            _ => Ladder::STOP,
+        };
+        for (&i, r) in self.running.iter_mut() {
+            let mut ladders = Vec::new();
+            if v.stops.contains_key(&i) && self.stop_sent.insert(i) {
+                ladders.push(Ladder::STOP);
+            }
+            if halt_changed {
+                ladders.push(on_halt);
+            }
+            match &mut r.slot {
+                Slot::Command(c) => {
+                    for l in ladders {
+                        c.stop(l, now);
+                    }
+                    c.tick(now);
+                }
+                Slot::External(s) => {
+                    for l in ladders {
+                        fx.push(Effect::SignalExternal { i, sig: s.start(l, now) });
+                    }
+                    if let Some(sig) = s.due(now) {
+                        fx.push(Effect::SignalExternal { i, sig });
+                    }
+                }
+            }
+        }
+        fx
+    }
+
+    /// Reap the orphans this subreaper adopted that exited, and kill (then
+    /// reap) what the steps that ended since the last call left behind:
+    /// every adopted process in one of their process groups, or started with
+    /// one of their `RUNSPOOL_STEP_INDEX` values in this run. With no step
+    /// running (between steps, at the run's end) every adopted process goes,
+    /// whatever its environment says. Killing one may orphan its own
+    /// children to us: repeat until nothing is left (bounded).
+    pub(super) fn contain(&mut self) {
+        use crate::platform::procs;
+        let ended = std::mem::take(&mut self.ended);
+        // Step processes are reaped by their `Child` (try_wait), never here.
+        let steps: std::collections::HashSet<u32> = self
+            .running
+            .values()
+            .filter_map(|r| match &r.slot {
+                Slot::Command(c) => Some(c.id()),
+                Slot::External(_) => None,
+            })
+            .collect();
+        let all = self.running.is_empty();
+        let adopted =
+            || procs::children().into_iter().filter(|p| !steps.contains(p)).filter(|&p| !child::reap_adopted(p));
+        if ended.is_empty() && !all {
+            adopted().for_each(drop);
+            return;
+        }
+        let run_dir = self.dir.as_os_str().as_encoded_bytes().to_vec();
+        let left_by_ended = |pid: u32| -> bool {
+            let pgrp = procs::stat(pid).map(|s| s.pgrp);
+            let ours = procs::environ_var(pid, "RUNSPOOL_RUN_DIR").is_some_and(|d| d == run_dir);
+            let index = procs::environ_var(pid, "RUNSPOOL_STEP_INDEX").filter(|_| ours);
+            ended.iter().any(|(i, pg)| pgrp == Some(*pg) || index.as_deref() == Some(i.to_string().as_bytes()))
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        // A `children` file read while the list changes may miss an entry:
+        // done after two clean reads in a row.
+        let mut clean = 0;
+        loop {
+            let targets: Vec<u32> = adopted().filter(|&p| all || left_by_ended(p)).collect();
+            if targets.is_empty() {
+                clean += 1;
+                if clean == 2 {
+                    return;
+                }
+                continue;
+            }
+            clean = 0;
+            if Instant::now() >= until {
+                crate::note!(
+                    "processes {targets:?} left by the steps of {} survive SIGKILL (uninterruptible?); giving up on them",
+                    self.dir.display()
+                );
+                return;
+            }
+            for &pid in &targets {
+                tracing::info!(run_id = %self.run_id, pid, "killing a process that escaped its step");
+                procs::kill_with_group(pid);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The steps of `body` run to their end, each effect applied to the
+    /// status the way the record does, with no daemon and no other part.
+    /// Returns the status, the effects in order, and the most steps that
+    /// ran at once. (`contain` is left out: in a test binary every other
+    /// test's children are ours too.)
+    fn run(body: serde_json::Value) -> (Status, Vec<String>, usize, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let req: Request = serde_json::from_value(body).unwrap();
+        let mut status = Status::queued(&req, "run-steps-test", dir.path(), crate::now_ms());
+        let mut steps = Steps::new(dir.path().to_path_buf(), "run-steps-test".into(), req);
+        let stops = BTreeMap::new();
+        let (mut log, mut most, mut now_running) = (Vec::new(), 0, 0usize);
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut apply = |fx: Vec<Effect>, status: &mut Status| {
+            for e in fx {
+                match &e {
+                    Effect::Starting { i, .. } => status.steps[*i].status = StepState::Running,
+                    Effect::Started { .. } => {
+                        now_running += 1;
+                        most = most.max(now_running);
+                    }
+                    Effect::Unstarted { i, .. } => status.steps[*i].status = StepState::Failed,
+                    Effect::Exited { i, code, .. } => {
+                        now_running -= 1;
+                        status.steps[*i].status = if *code == 0 { StepState::Complete } else { StepState::Failed };
+                        status.steps[*i].exit_code = Some(*code);
+                    }
+                    _ => {}
+                }
+                log.push(format!("{e:?}").split([' ', '{']).next().unwrap().to_string());
+            }
+        };
+        loop {
+            while let Some(fx) = steps.advance(&View { status: &status, halt: None, stops: &stops }) {
+                apply(fx, &mut status);
+            }
+            if steps.done() {
+                break;
+            }
+            assert!(Instant::now() < until, "the steps never ended");
+            std::thread::sleep(Duration::from_millis(10));
+            let fx = steps.reap();
+            apply(fx, &mut status);
+            let fx = steps.signal(Instant::now(), &View { status: &status, halt: None, stops: &stops });
+            apply(fx, &mut status);
+        }
+        (status, log, most, steps.step_timed_out())
+    }
+
+    fn cwd() -> String {
+        std::env::temp_dir().display().to_string()
+    }
+
+    #[test]
+    fn a_chain_stops_at_its_first_failed_step() {
+        let (s, log, _, timed_out) = run(json!({"version": 1, "cwd": cwd(), "steps": [
+            {"command": ["true"]}, {"command": ["false"]}, {"command": ["true"]}]}));
+        let states: Vec<StepState> = s.steps.iter().map(|s| s.status.clone()).collect();
+        assert_eq!(states, [StepState::Complete, StepState::Failed, StepState::Pending]);
+        assert_eq!(s.steps[1].exit_code, Some(1));
+        assert!(!timed_out);
+        assert_eq!(
+            log,
+            [
+                "GroupStarted",
+                "Starting",
+                "Started",
+                "Exited",
+                "GroupEnded",
+                "GroupStarted",
+                "Starting",
+                "Started",
+                "Exited",
+                "GroupEnded",
+            ]
         );
+    }
+
+    #[test]
+    fn a_step_past_its_timeout_is_stopped_by_the_ladder() {
+        let (s, _, _, timed_out) = run(json!({"version": 1, "cwd": cwd(), "steps": [
+            {"command": ["sleep", "30"], "timeoutMs": 200}, {"command": ["true"]}]}));
+        assert!(timed_out);
+        assert_eq!(s.steps[0].status, StepState::Failed);
+        assert_eq!(s.steps[0].exit_code, Some(128 + libc::SIGTERM), "SIGTERM, the ladder's first rung");
+        assert_eq!(s.steps[1].status, StepState::Pending);
+    }
+
+    #[test]
+    fn a_parallel_group_runs_at_most_its_concurrency_at_once() {
+        let sleep = json!({"command": ["sleep", "0.2"]});
+        let (s, _, most, _) = run(json!({"version": 1, "cwd": cwd(), "steps": [
+            {"parallel": [sleep, sleep, sleep, sleep, sleep], "concurrency": 2}, {"command": ["true"]}]}));
+        assert!(s.steps.iter().all(|s| s.status == StepState::Complete), "{:?}", s.steps);
+        assert_eq!(most, 2);
+        let (_, _, most, _) = run(json!({"version": 1, "cwd": cwd(), "steps": [{"parallel": [sleep, sleep, sleep]}]}));
+        assert_eq!(most, 3, "without a limit every member starts at once");
+    }
+
+    #[test]
+    fn a_command_that_cannot_start_fails_its_step() {
+        let (s, log, _, _) =
+            run(json!({"version": 1, "cwd": cwd(), "steps": [{"command": ["/nonexistent/runspool-test"]}]}));
+        assert_eq!(s.steps[0].status, StepState::Failed);
+        assert_eq!(log, ["GroupStarted", "Starting", "Unstarted", "GroupEnded"]);
     }
 }

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::{Ctl, Event, Kind, Outcome, Plan};
+use super::{Ctl, Kind, Msg, Outcome, Plan, Post, Report};
 use crate::protocol::bridge::{validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
-use crate::runner::{Msg, Post};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
@@ -70,12 +69,12 @@ impl Driver {
             let _ = fsutil::remove_if_exists(&RunPaths::bridge_request(&self.dir, &id));
             let _ = fsutil::remove_if_exists(&RunPaths::bridge_response(&self.dir, &id));
         }
-        self.tx.send(Msg::External(self.i, Event::Done(o)));
+        self.tx.send(Msg::External(self.i, o.report()));
     }
 
     fn publish(&mut self, line: Option<String>) {
         self.job.insert("updatedAt".into(), json!(crate::now_ms()));
-        self.tx.send(Msg::External(self.i, Event::Update { job: Value::Object(self.job.clone()), line }));
+        self.tx.send(Msg::External(self.i, Report::Update { job: Value::Object(self.job.clone()), line }));
     }
 
     fn outcome(&self, kind: Kind, error: Option<String>, output_file: Option<String>) -> Outcome {

@@ -3,37 +3,32 @@
 //! Each external step is driven by a thread that writes requests into
 //! `external-job-requests/`, waits for the daemon's answers in
 //! `external-job-responses/`, and reports progress to the runner's loop
-//! (`Msg::External`), which owns status.json. Stop and timeout send `cancel`;
-//! an interrupt detaches (the job keeps running and can be reattached).
-//! A start is never sent twice: a step whose status already records a start
-//! without a job id fails with `start-redispatch-blocked`.
+//! (`Msg::External`); the `Runner` hands that to the record, which owns
+//! status.json. Stop and timeout send `cancel`; an interrupt detaches (the
+//! job keeps running and can be reattached). A start is never sent twice: a
+//! step whose status already records a start without a job id fails with
+//! `start-redispatch-blocked`.
+//!
+//! This part owns the driver threads: `prepare` plans a step (start anew or
+//! reattach) and gives the record its job record, `launch` starts its
+//! driver, `signal` becomes cancel or detach, `ended` forgets it.
 
 mod driver;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
-use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::{json, Map, Value};
 
-use super::{Runner, Running};
+use super::post::{Msg, Post, Report};
 use crate::protocol::bridge::{digest, Operation, StartInput};
-use crate::protocol::outcome::{classify, Exit, StepEnd};
 use crate::protocol::request::{ExternalJob, Step};
+use crate::protocol::status::Status;
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 use driver::{request_id, Driver};
-
-/// What the driver thread reports to the runner loop.
-pub(super) enum Event {
-    /// `steps[i].externalJob` changed; `line` goes to the step's output log.
-    Update {
-        job: Value,
-        line: Option<String>,
-    },
-    Done(Outcome),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -43,11 +38,23 @@ enum Kind {
     Detached,
 }
 
-pub(super) struct Outcome {
+/// How a driver ended; the loop is told it as a `Report::Done`.
+struct Outcome {
     kind: Kind,
     error: Option<String>,
     job: Value,
     output_file: Option<String>,
+}
+
+impl Outcome {
+    fn report(self) -> Report {
+        Report::Done {
+            completed: self.kind == Kind::Completed,
+            note: self.error,
+            job: self.job,
+            output_file: self.output_file,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,27 +63,10 @@ enum Ctl {
     Detach,
 }
 
-/// The runner's handle on a driver thread: signals become cancel or detach.
-pub(super) struct Control {
+/// The part's handle on a driver thread: signals become cancel or detach.
+struct DriverHandle {
     tx: Sender<Ctl>,
     sent: bool,
-}
-
-impl Running {
-    /// Signal the step: a process group, or for an external job cancel
-    /// (SIGTERM, SIGKILL) or detach (SIGINT).
-    pub(super) fn signal(&mut self, sig: Signal) {
-        match self.external.as_mut() {
-            None => super::signal_group(self.pid, sig),
-            Some(c) => {
-                if c.sent {
-                    return;
-                }
-                c.sent = true;
-                let _ = c.tx.send(if sig == Signal::SIGINT { Ctl::Detach } else { Ctl::Cancel });
-            }
-        }
-    }
 }
 
 enum Plan {
@@ -84,18 +74,35 @@ enum Plan {
     Reattach(String),
 }
 
-impl Runner {
-    /// Start (or reattach) external step `i`. None when it failed at once.
-    pub(super) fn spawn_external(
+pub(super) struct External {
+    dir: PathBuf,
+    /// The request's `cwd`, for steps without their own.
+    cwd: String,
+    /// Steps prepared, not launched yet: their plan and driver.
+    prepared: BTreeMap<usize, (Plan, Driver, DriverHandle)>,
+    /// Launched steps' drivers.
+    running: BTreeMap<usize, DriverHandle>,
+}
+
+impl External {
+    pub(super) fn new(dir: PathBuf, cwd: String) -> External {
+        External { dir, cwd, prepared: BTreeMap::new(), running: BTreeMap::new() }
+    }
+
+    /// Plan external step `i` (start anew or reattach the job `status`
+    /// records) and make its bridge directories. Ok: the job record the step
+    /// starts with. Err: why it cannot start, and the job record saying so.
+    pub(super) fn prepare(
         &mut self,
         i: usize,
         step: &Step,
         job: &ExternalJob,
-        started: Instant,
-    ) -> Option<Running> {
+        status: &Status,
+        post: &Post,
+    ) -> Result<Value, (String, Value)> {
         let now = crate::now_ms();
         let dg = digest(&job.prompt);
-        let previous = self.status.steps[i].external_job.clone();
+        let previous = status.steps[i].external_job.clone();
         let mut ej = Map::new();
         ej.insert("provider".into(), json!(job.provider));
         ej.insert("promptDigest".into(), json!(dg));
@@ -104,8 +111,6 @@ impl Runner {
         ej.insert("startedAt".into(), json!(now));
         ej.insert("updatedAt".into(), json!(now));
         let plan = plan(previous.as_ref().and_then(Value::as_object), job, i, &dg, &mut ej, now);
-        let agent = self.status.steps[i].agent.clone();
-        let out = RunPaths::output(&self.dir, i);
         let plan = match plan {
             Ok(p) => p,
             Err((code, msg)) => {
@@ -115,105 +120,66 @@ impl Runner {
                 ej.insert("failureCode".into(), json!(code));
                 ej.insert("failureMessage".into(), json!(msg));
                 ej.insert("updatedAt".into(), json!(now));
-                self.fail_unstarted(i, &agent, &out, 1, format!("{code}: {msg}"), Some(Value::Object(ej)));
-                return None;
+                return Err((format!("{code}: {msg}"), Value::Object(ej)));
             }
         };
         for d in [RunPaths::bridge_requests(&self.dir), RunPaths::bridge_responses(&self.dir)] {
             if let Err(e) = fsutil::mkdir_private(&d) {
                 let msg =
                     format!("cannot create {}: {e}; check the run directory's permissions and free space", d.display());
-                self.fail_unstarted(i, &agent, &out, 1, msg, Some(Value::Object(ej)));
-                return None;
+                return Err((msg, Value::Object(ej)));
             }
         }
         if let Plan::Start(id) = &plan {
             // Recorded before the request exists, so a later runner knows a start may have gone out.
             ej.insert("startRequestId".into(), json!(id));
         }
-        self.status.steps[i].external_job = Some(Value::Object(ej.clone()));
-        self.save();
-        self.ev("subagent.step.started", json!({"stepIndex": i, "agent": agent}));
-        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": Value::Object(ej.clone())}));
         let (ctx, crx) = channel();
         let start = StartInput {
             prompt: job.prompt.clone(),
             prompt_digest: dg,
-            cwd: step.cwd.clone().unwrap_or_else(|| self.req.cwd.clone()),
-            run_id: self.status.run_id.clone(),
+            cwd: step.cwd.clone().unwrap_or_else(|| self.cwd.clone()),
+            run_id: status.run_id.clone(),
             step_index: i,
-            agent,
+            agent: status.steps[i].agent.clone(),
             options: job.options.clone(),
-            session_id: Some(self.status.session_id.clone()),
+            session_id: Some(status.session_id.clone()),
         };
-        let d = Driver::new(self.dir.clone(), out, i, self.post.clone(), crx, ej, job.provider.clone(), start);
-        std::thread::Builder::new()
+        let out = RunPaths::output(&self.dir, i);
+        let d = Driver::new(self.dir.clone(), out, i, post.clone(), crx, ej.clone(), job.provider.clone(), start);
+        self.prepared.insert(i, (plan, d, DriverHandle { tx: ctx, sent: false }));
+        Ok(Value::Object(ej))
+    }
+
+    /// Start the driver of prepared step `i` (once the record has its job
+    /// record). False when its thread could not start.
+    pub(super) fn launch(&mut self, i: usize) -> bool {
+        let Some((plan, d, handle)) = self.prepared.remove(&i) else { return false };
+        let started = std::thread::Builder::new()
             .name(format!("external-{i}"))
             .spawn(move || d.run(plan))
             .map_err(|e| crate::note!("cannot start the driver thread of step {i}: {e}"))
-            .ok()?;
-        let deadline = step.timeout_ms.map(|t| started + Duration::from_millis(t));
-        Some(Running {
-            pid: 0,
-            child: None,
-            started,
-            deadline,
-            escalate: None,
-            timed_out: false,
-            external: Some(Control { tx: ctx, sent: false }),
-        })
+            .is_ok();
+        if started {
+            self.running.insert(i, handle);
+        }
+        started
     }
 
-    /// A message from a driver thread.
-    pub(super) fn on_external(&mut self, i: usize, ev: Event, running: &mut BTreeMap<usize, Running>) {
-        match ev {
-            Event::Update { job, line } => {
-                if let Some(l) = line {
-                    let _ = fsutil::append_line(&RunPaths::output(&self.dir, i), format!("runspool: {l}").as_bytes());
-                }
-                self.status.steps[i].external_job = Some(job.clone());
-                self.save();
-                self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": job}));
-            }
-            Event::Done(o) => {
-                if let Some(r) = running.remove(&i) {
-                    self.record_external(i, r, o);
-                }
-            }
+    /// Signal step `i`'s job: cancel (SIGTERM, SIGKILL) or detach (SIGINT),
+    /// once; later signals of the ladder are no news to a driver.
+    pub(super) fn signal(&mut self, i: usize, sig: Signal) {
+        let Some(c) = self.running.get_mut(&i) else { return };
+        if c.sent {
+            return;
         }
+        c.sent = true;
+        let _ = c.tx.send(if sig == Signal::SIGINT { Ctl::Detach } else { Ctl::Cancel });
     }
 
-    fn record_external(&mut self, i: usize, r: Running, o: Outcome) {
-        let dur = r.started.elapsed().as_millis() as i64;
-        if let Some(f) = &o.output_file {
-            if self.status.output_file == self.status.steps[i].output_file {
-                self.status.output_file = Some(f.clone());
-            }
-        }
-        let outcome = classify(StepEnd {
-            exit: Exit::Job { completed: o.kind == Kind::Completed, note: o.error },
-            timed_out: r.timed_out,
-            halt: self.halt,
-            // A targeted stop cancels the job; the step then ends as failed.
-            stopped_alone: None,
-            duration_ms: dur,
-        });
-        self.step_timed_out |= r.timed_out;
-        let st = &mut self.status.steps[i];
-        st.external_job = Some(o.job.clone());
-        if let Some(f) = &o.output_file {
-            st.output_file = Some(f.clone());
-        }
-        st.ended_at = Some(crate::now_ms());
-        st.duration_ms = Some(dur);
-        outcome.apply(st);
-        let agent = st.agent.clone();
-        self.save();
-        self.ev("subagent.external_job.updated", json!({"stepIndex": i, "externalJob": o.job}));
-        self.ev(
-            &format!("subagent.step.{}", outcome.event_kind()),
-            json!({"stepIndex": i, "agent": agent, "exitCode": outcome.exit_code, "durationMs": dur}),
-        );
+    /// Step `i`'s driver ended.
+    pub(super) fn ended(&mut self, i: usize) {
+        self.running.remove(&i);
     }
 }
 
