@@ -43,8 +43,17 @@ pub struct Args {
     /// CLI calls timed per scale measurement
     #[arg(long, default_value_t = 20)]
     pub calls: usize,
+    /// Requests dropped at once in the backlog test (memory under a backlog)
+    #[arg(long, default_value_t = 20_000)]
+    pub backlog_n: usize,
+    /// max_running of the backlog test
+    #[arg(long, default_value_t = 8)]
+    pub backlog_parallel: usize,
+    /// Runs with one external-job step (command provider) in the bridge test, each pipeline
+    #[arg(long, default_value_t = 20)]
+    pub bridge_n: usize,
     /// Phases to run
-    #[arg(long, value_delimiter = ',', default_value = "latency,burst,idle,scale,adopt")]
+    #[arg(long, value_delimiter = ',', default_value = "latency,bridge,burst,backlog,idle,scale,adopt")]
     pub phases: Vec<String>,
     /// Also write the results as JSON here
     #[arg(long, value_name = "FILE")]

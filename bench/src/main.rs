@@ -11,7 +11,13 @@
 //!    and `--runs` terminal runs, native and poll watching, all at once;
 //! 4. `runspool list/status` with `--runs` terminal and `--active` active
 //!    runs on disk (time per call, files opened via strace when present);
-//! 5. daemon start-up (re-adoption) with `--active` live runs.
+//! 5. daemon start-up (re-adoption) with `--active` live runs;
+//! 6. memory under a backlog of `--backlog-n` requests dropped at once, for
+//!    both daemons, and a fresh runspool daemon on the drained root;
+//! 7. bridge start latency: the runner's external-job request file → a command
+//!    provider's `start` (`__provider`), against `__ref-bridge`.
+//!
+//! The report opens with a summary table of issue 23's targets.
 //!
 //! With `--pueue`, the burst and latency tests also run through pueue
 //! (`pueue add`, a private `pueued`), installed with cargo when missing.
@@ -28,6 +34,7 @@ mod fsops;
 mod phases;
 mod pipelines;
 mod procfs;
+mod provider;
 mod pueue;
 mod reference;
 mod report;
@@ -54,6 +61,10 @@ fn main() {
             std::process::exit(reference::daemon(Path::new(&argv[2]), argv[3].parse().unwrap_or(2)))
         }
         Some("__ref-runner") => std::process::exit(reference::runner(Path::new(&argv[2]))),
+        Some("__provider") if argv.len() >= 4 => std::process::exit(provider::provider(Path::new(&argv[2]), &argv[3])),
+        Some("__ref-bridge") if argv.len() >= 4 => {
+            std::process::exit(provider::ref_bridge(Path::new(&argv[2]), Path::new(&argv[3])))
+        }
         _ => {}
     }
     let args = Args::parse();
@@ -167,11 +178,19 @@ fn measure(args: &Args, env: &Env, report: &mut Report) -> anyhow::Result<()> {
             report.pueue_latency = Some(pueue::latency(env, p)?);
         }
     }
+    if args.has("bridge") {
+        eprintln!("bridge: {} external-job runs per pipeline, one at a time ...", args.bridge_n);
+        report.bridge = Some(phases::bridge::measure(env, args.bridge_n)?);
+    }
     if args.has("burst") {
         let phase = report.burst.insert(BurstPhase { n: args.burst_n, pueue_n: args.pueue_burst_n, rows: vec![] });
         for &p in &args.parallel {
             phase.rows.push(phases::burst::row(env, args.burst_n, p, args.burst_repeat, pueue.as_ref())?);
         }
+    }
+    if args.has("backlog") {
+        eprintln!("backlog: {} runs at max_running {} per pipeline ...", args.backlog_n, args.backlog_parallel);
+        report.backlog = Some(phases::backlog::measure(env, args.backlog_n, args.backlog_parallel)?);
     }
     if args.has("idle") {
         eprintln!("idle: 4 daemons for {} s (fabricating {} terminal runs twice first) ...", args.idle_secs, args.runs);

@@ -43,6 +43,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// A process the benchmark started, stopped (SIGTERM, then SIGKILL) on drop.
+    pub fn from_child(child: Child) -> Daemon {
+        Daemon { child }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -89,8 +94,19 @@ impl Env {
     }
 
     pub fn start_runspool(&self, root: &Path, max_running: usize, strategy: &str) -> anyhow::Result<Daemon> {
+        self.start_runspool_with(root, max_running, strategy, "")
+    }
+
+    /// A runspool daemon whose config file ends with `extra` (TOML tables, such as providers).
+    pub fn start_runspool_with(
+        &self,
+        root: &Path,
+        max_running: usize,
+        strategy: &str,
+        extra: &str,
+    ) -> anyhow::Result<Daemon> {
         let cfg = root.with_extension("toml");
-        fs::write(&cfg, format!("max_running = {max_running}\n[watch]\nstrategy = \"{strategy}\"\n"))?;
+        fs::write(&cfg, format!("max_running = {max_running}\n[watch]\nstrategy = \"{strategy}\"\n{extra}"))?;
         let log = File::create(root.with_extension("daemon.log"))?;
         let child = Command::new(&self.runspool)
             .arg("--root")
@@ -165,8 +181,13 @@ pub fn request_body(id: &str) -> Vec<u8> {
 
 /// Publish a request the PROTOCOL way (dot temp, then rename) and return the drop instant.
 pub fn drop_request(spool: &Path, id: &str) -> std::io::Result<Instant> {
+    drop_body(spool, id, &request_body(id))
+}
+
+/// [`drop_request`] with a request body of the caller's.
+pub fn drop_body(spool: &Path, id: &str, body: &[u8]) -> std::io::Result<Instant> {
     let tmp = spool.join(format!(".{id}.tmp"));
-    write_private(&tmp, &request_body(id))?;
+    write_private(&tmp, body)?;
     let t0 = Instant::now();
     fs::rename(&tmp, spool.join(format!("{id}.json")))?;
     Ok(t0)

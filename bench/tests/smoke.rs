@@ -58,7 +58,7 @@ fn bench_produces_its_report() {
         .arg("--dir")
         .arg(dir.path())
         .args(["--latency-n", "3", "--burst-n", "6", "--parallel", "2", "--idle-secs", "1"])
-        .args(["--runs", "30", "--active", "4", "--calls", "1"])
+        .args(["--runs", "30", "--active", "4", "--calls", "1", "--backlog-n", "20", "--bridge-n", "2"])
         .arg("--out")
         .arg(&json_out)
         .output()
@@ -66,13 +66,31 @@ fn bench_produces_its_report() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "runspool-bench failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-    for section in ["### Latency", "### Burst", "### Idle", "### CLI", "### Daemon start-up", "### Targets"] {
+    let sections = [
+        "### Summary: the targets of issue 23",
+        "### Latency",
+        "### Bridge start latency",
+        "### Burst",
+        "### Backlog of 20 runs",
+        "### Idle",
+        "### CLI",
+        "### Daemon start-up",
+        "### Targets",
+    ];
+    for section in sections {
         assert!(stdout.contains(section), "missing {section} in the report:\n{stdout}");
     }
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json_out).unwrap()).unwrap();
-    for key in ["latency", "burst", "idle", "scale", "adopt", "targets"] {
+    for key in ["summary", "latency", "bridge", "burst", "backlog", "idle", "scale", "adopt", "targets"] {
         assert!(v.get(key).is_some(), "missing `{key}` in the JSON report: {v}");
     }
+    // Every issue-23 target has a row in the summary: burst (one max_running),
+    // closed-loop latency, backlog peak and after, bridge, idle (two native daemons).
+    assert_eq!(v["summary"].as_array().map(Vec::len), Some(7), "summary: {}", v["summary"]);
+    // Both pipelines served every bridge request and every backlog run.
+    assert_eq!(v["bridge"]["runspool"]["start"]["n"], 2, "{}", v["bridge"]);
+    assert_eq!(v["bridge"]["reference"]["start"]["n"], 2, "{}", v["bridge"]);
+    assert!(v["backlog"]["runspool"]["peak_rss_kib"].as_u64().is_some_and(|k| k > 0), "{}", v["backlog"]);
     // The benchmark cleans up after itself.
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("bench.json")], "leftovers: {left:?}");

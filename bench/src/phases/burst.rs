@@ -54,7 +54,7 @@ pub struct BurstRow {
     pub pueue: Option<PueueRow>,
 }
 
-fn count_entries(dir: &Path) -> usize {
+pub fn count_entries(dir: &Path) -> usize {
     fs::read_dir(dir)
         .map(|rd| rd.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
         .unwrap_or(0)

@@ -23,7 +23,7 @@ pub struct IdleResult {
 
 /// Seconds from `started` until `d` spends under 1 ms of CPU per 500 ms
 /// (start-up, the re-adoption of fabricated runs, is over), at most 600 s.
-fn settle(d: &Daemon, started: Instant) -> f64 {
+pub fn settle(d: &Daemon, started: Instant) -> f64 {
     let until = Instant::now() + Duration::from_secs(600);
     let mut last = procfs::sched(d.pid()).cpu_ns;
     loop {

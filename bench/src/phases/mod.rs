@@ -2,6 +2,8 @@
 //! that `report` renders.
 
 pub mod adopt;
+pub mod backlog;
+pub mod bridge;
 pub mod burst;
 pub mod idle;
 pub mod latency;

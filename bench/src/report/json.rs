@@ -4,7 +4,7 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde::Serialize as DeriveSerialize;
 
-use super::{latency_marks, pueue_latency_marks, targets, Report, Target};
+use super::{latency_marks, pueue_latency_marks, summary, targets, Report, Target};
 use crate::stats::Stats;
 
 /// Name → value pairs as a JSON object, in this order.
@@ -43,12 +43,19 @@ struct Top<'a> {
     fs: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     create_us: Option<f64>,
+    /// Issue 23's targets (the Markdown's summary table).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    summary: Vec<TargetJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pueue: Option<PueueJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     latency: Option<Ordered<LatencyPair>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    bridge: Option<BridgeJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     burst: Option<Vec<BurstJson>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backlog: Option<BacklogJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     idle: Option<Vec<IdleJson>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -57,6 +64,36 @@ struct Top<'a> {
     adopt: Option<Vec<AdoptJson>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     targets: Vec<TargetJson>,
+}
+
+#[derive(DeriveSerialize)]
+struct BridgeSideJson {
+    start: StatsJson,
+    fallbacks: usize,
+}
+
+#[derive(DeriveSerialize)]
+struct BridgeJson {
+    n: usize,
+    runspool: BridgeSideJson,
+    reference: BridgeSideJson,
+    ratio_p50: f64,
+}
+
+#[derive(DeriveSerialize)]
+struct BacklogSideJson {
+    secs: f64,
+    peak_rss_kib: u64,
+    after_rss_kib: u64,
+}
+
+#[derive(DeriveSerialize)]
+struct BacklogJson {
+    n: usize,
+    max_running: usize,
+    runspool: BacklogSideJson,
+    reference: BacklogSideJson,
+    fresh_daemon_rss_kib: u64,
 }
 
 #[derive(DeriveSerialize)]
@@ -242,6 +279,30 @@ pub fn render(r: &Report) -> serde_json::Result<Vec<u8>> {
             })
             .collect()
     });
+    let bridge = r.bridge.as_ref().map(|b| {
+        let side =
+            |x: &crate::phases::bridge::BridgeSide| BridgeSideJson { start: (&x.start).into(), fallbacks: x.fallbacks };
+        BridgeJson {
+            n: b.n,
+            runspool: side(&b.runspool),
+            reference: side(&b.reference),
+            ratio_p50: b.runspool.start.p50 / b.reference.start.p50,
+        }
+    });
+    let backlog = r.backlog.as_ref().map(|b| {
+        let side = |x: &crate::phases::backlog::BacklogSide| BacklogSideJson {
+            secs: x.secs,
+            peak_rss_kib: x.peak_rss_kib,
+            after_rss_kib: x.after_rss_kib,
+        };
+        BacklogJson {
+            n: b.n,
+            max_running: b.max_running,
+            runspool: side(&b.runspool),
+            reference: side(&b.reference),
+            fresh_daemon_rss_kib: b.fresh_rss_kib,
+        }
+    });
     let idle = r.idle.as_ref().map(|i| {
         i.rows
             .iter()
@@ -269,9 +330,12 @@ pub fn render(r: &Report) -> serde_json::Result<Vec<u8>> {
         dir: &r.dir,
         fs: &r.fs,
         create_us: r.create_us,
+        summary: summary(r).into_iter().map(TargetJson::from).collect(),
         pueue: pueue(r),
         latency,
+        bridge,
         burst,
+        backlog,
         idle,
         scale,
         adopt,

@@ -2,8 +2,10 @@
 
 use std::fmt::Write;
 
-use super::{latency_marks, pueue_latency_marks, targets, BurstPhase, IdlePhase, Report, ScalePhase};
+use super::{latency_marks, pueue_latency_marks, summary, targets, BurstPhase, IdlePhase, Report, ScalePhase};
 use crate::phases::adopt::AdoptResult;
+use crate::phases::backlog::BacklogResult;
+use crate::phases::bridge::BridgeResult;
 use crate::phases::latency::Latency;
 use crate::pueue::PueueLatency;
 
@@ -41,15 +43,29 @@ pub fn render(r: &Report) -> String {
         };
         let _ = writeln!(s, "pueue side by side: pueue {} ({how}), a private `pueued` per test.\n", p.version);
     }
+    let summary = summary(r);
+    if !summary.is_empty() {
+        s += "### Summary: the targets of issue 23\n\n| target | measured | verdict |\n|---|---|---|\n";
+        for t in &summary {
+            let _ = writeln!(s, "| {} | {} | {} |", t.target, t.measured, verdict(t.holds));
+        }
+        s += "\n";
+    }
     if let Some(l) = &r.latency {
         latency(&mut s, l);
         if let Some(pl) = &r.pueue_latency {
             pueue_latency(&mut s, l, pl);
         }
     }
+    if let Some(b) = &r.bridge {
+        bridge(&mut s, b);
+    }
     if let Some(b) = &r.burst {
         burst(&mut s, b);
         pueue_burst(&mut s, b);
+    }
+    if let Some(b) = &r.backlog {
+        backlog(&mut s, b);
     }
     if let Some(i) = &r.idle {
         idle(&mut s, i);
@@ -145,6 +161,36 @@ fn burst(s: &mut String, b: &BurstPhase) {
         );
     }
     *s += "\n";
+}
+
+fn bridge(s: &mut String, b: &BridgeResult) {
+    let _ =
+        writeln!(s, "### Bridge start latency: the runner's request file → the provider's `start` (n = {}, ms)\n", b.n);
+    *s += "| pipeline | p50 | p90 | p99 | max | timed from a fallback |\n|---|---|---|---|---|---|\n";
+    for (name, side) in [("runspool", &b.runspool), ("reference", &b.reference)] {
+        let st = &side.start;
+        let _ = writeln!(
+            s,
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            st.p50, st.p90, st.p99, st.max, side.fallbacks
+        );
+    }
+    let _ = writeln!(s, "\nratio p50: {:.2}×\n", b.runspool.start.p50 / b.reference.start.p50);
+}
+
+fn backlog(s: &mut String, b: &BacklogResult) {
+    let _ = writeln!(s, "### Backlog of {} runs dropped at once (max_running {})\n", b.n, b.max_running);
+    *s += "| pipeline | drained in s | daemon peak RSS MiB | RSS 2 s after the last run MiB |\n|---|---|---|---|\n";
+    for (name, side) in [("runspool", &b.runspool), ("reference", &b.reference)] {
+        let _ = writeln!(
+            s,
+            "| {name} | {:.2} | {:.1} | {:.1} |",
+            side.secs,
+            mib(side.peak_rss_kib),
+            mib(side.after_rss_kib)
+        );
+    }
+    let _ = writeln!(s, "| fresh runspool daemon on the drained root | – | – | {:.1} |\n", mib(b.fresh_rss_kib));
 }
 
 fn pueue_burst(s: &mut String, b: &BurstPhase) {

@@ -6,6 +6,8 @@ pub mod json;
 pub mod markdown;
 
 use crate::phases::adopt::AdoptResult;
+use crate::phases::backlog::BacklogResult;
+use crate::phases::bridge::BridgeResult;
 use crate::phases::burst::BurstRow;
 use crate::phases::idle::IdleResult;
 use crate::phases::latency::{Latency, LatencyResult};
@@ -31,6 +33,8 @@ pub struct Report {
     pub scale: Option<ScalePhase>,
     /// Start-up rows, added as each is measured.
     pub adopt: Option<Vec<AdoptResult>>,
+    pub backlog: Option<BacklogResult>,
+    pub bridge: Option<BridgeResult>,
 }
 
 /// The pueue under comparison (`--pueue`).
@@ -107,6 +111,72 @@ impl BurstRow {
     pub fn ratio(&self) -> f64 {
         self.runspool.per_s / self.reference.per_s
     }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Issue 23's targets, each with its measured value (and the reference's
+/// beside it), in the order of the report's summary table.
+pub fn summary(r: &Report) -> Vec<Target> {
+    let mut t = Vec::new();
+    if let Some(b) = &r.burst {
+        for row in &b.rows {
+            let (p, ratio) = (row.max_running, row.ratio());
+            t.push(target(
+                format!("burst throughput at max_running {p} ≥ 0.8× reference"),
+                format!("{ratio:.2}× ({:.0} vs {:.0} runs/s)", row.runspool.per_s, row.reference.per_s),
+                ratio >= 0.8,
+            ));
+        }
+    }
+    if let Some(l) = &r.latency {
+        let (a, b) = (l.runspool.terminal.p50, l.reference.terminal.p50);
+        let ratio = a / b;
+        t.push(target(
+            "closed loop: drop→terminal status p50 ≤ 1.3× reference",
+            format!("{ratio:.2}× ({a:.2} vs {b:.2} ms)"),
+            ratio <= 1.3,
+        ));
+    }
+    if let Some(b) = &r.backlog {
+        let (rs, rf) = (&b.runspool, &b.reference);
+        let peak = mib(rs.peak_rss_kib);
+        t.push(target(
+            format!("backlog of {} (max_running {}): daemon peak RSS ≤ 20 MiB", b.n, b.max_running),
+            format!("{peak:.1} MiB (reference {:.1} MiB)", mib(rf.peak_rss_kib)),
+            peak <= 20.0,
+        ));
+        let after = mib(rs.after_rss_kib);
+        t.push(target(
+            format!("backlog of {}: daemon RSS once drained ≤ 10 MiB", b.n),
+            format!(
+                "{after:.1} MiB (fresh daemon on the drained root {:.1} MiB, reference {:.1} MiB)",
+                mib(b.fresh_rss_kib),
+                mib(rf.after_rss_kib)
+            ),
+            after <= 10.0,
+        ));
+    }
+    if let Some(b) = &r.bridge {
+        let (a, f) = (b.runspool.start.p50, b.reference.start.p50);
+        t.push(target(
+            "bridge: runner's request → provider start p50 ≤ 50 ms",
+            format!("{a:.1} ms ({:.1}× reference, {f:.1} ms)", a / f),
+            a <= 50.0,
+        ));
+    }
+    if let Some(idle) = &r.idle {
+        for row in idle.rows.iter().filter(|r| r.strategy == "native") {
+            t.push(target(
+                format!("idle native, {} runs: ≤ 1 wakeup/s", row.runs),
+                format!("{:.2}/s", row.wakeups_per_s),
+                row.wakeups_per_s <= 1.0,
+            ));
+        }
+    }
+    t
 }
 
 /// The targets in report order.

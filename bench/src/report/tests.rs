@@ -4,6 +4,8 @@
 use serde_json::Value;
 
 use super::*;
+use crate::phases::backlog::{BacklogResult, BacklogSide};
+use crate::phases::bridge::{BridgeResult, BridgeSide};
 use crate::phases::burst::{BurstResult, PueueRow};
 use crate::pueue::PueueBurst;
 
@@ -65,6 +67,18 @@ fn full() -> Report {
             rows: vec![CliResult { what: "runspool list --active".into(), stats: stats(4.0), opens: None }],
         }),
         adopt: Some(vec![AdoptResult { terminal: 0, active: 4, secs: 0.03 }]),
+        backlog: Some(BacklogResult {
+            n: 200,
+            max_running: 8,
+            runspool: BacklogSide { secs: 2.0, peak_rss_kib: 30 * 1024, after_rss_kib: 8 * 1024 },
+            reference: BacklogSide { secs: 1.0, peak_rss_kib: 4096, after_rss_kib: 4096 },
+            fresh_rss_kib: 7 * 1024,
+        }),
+        bridge: Some(BridgeResult {
+            n: 5,
+            runspool: BridgeSide { start: stats(40.0), fallbacks: 1 },
+            reference: BridgeSide { start: stats(2.0), fallbacks: 0 },
+        }),
     }
 }
 
@@ -78,11 +92,23 @@ fn markdown_has_every_section_in_order() {
     let sections = [
         "## runspool-bench: tmpfs (tmpfs under /dev/shm/rsb)\n\nFile creation here: 12 µs",
         "pueue side by side: pueue 4.0.4 (already installed), a private `pueued` per test.\n\n",
+        "### Summary: the targets of issue 23\n\n| target | measured | verdict |\n|---|---|---|\n",
+        "| burst throughput at max_running 2 ≥ 0.8× reference | 0.90× (900 vs 1000 runs/s) | holds |\n",
+        "| closed loop: drop→terminal status p50 ≤ 1.3× reference | 1.25× (4.00 vs 3.20 ms) | holds |\n",
+        "| backlog of 200 (max_running 8): daemon peak RSS ≤ 20 MiB | 30.0 MiB (reference 4.0 MiB) | MISSED |\n",
+        "| backlog of 200: daemon RSS once drained ≤ 10 MiB | 8.0 MiB (fresh daemon on the drained root 7.0 MiB, reference 4.0 MiB) | holds |\n",
+        "| bridge: runner's request → provider start p50 ≤ 50 ms | 40.0 ms (20.0× reference, 2.0 ms) | holds |\n",
+        "| idle native, 0 runs: ≤ 1 wakeup/s | 0.00/s | holds |\n\n",
         "### Latency, one request at a time (n = 10, ms)\n\n",
         "### pueue side by side: latency, one task at a time (pueue n = 10, runspool n = 10, ms)\n\n",
+        "### Bridge start latency: the runner's request file → the provider's `start` (n = 5, ms)\n\n",
+        "| runspool | 40.00 | 60.00 | 80.00 | 120.00 | 1 |\n",
         "### Burst of 100 runs dropped at once\n\n",
         "| 2 | 1.00 | 900.0 | 4.0 | 1.00 + 2.00 | 1.00 | 1000.0 | 4.0 | 1.00 + 2.00 | 0.90× | 0.90 |\n\n",
         "### pueue side by side: burst (20 tasks `pueue add -- true` for pueue, 100 runs for runspool; runs/s compared)",
+        "### Backlog of 200 runs dropped at once (max_running 8)\n\n",
+        "| runspool | 2.00 | 30.0 | 8.0 |\n",
+        "| fresh runspool daemon on the drained root | – | – | 7.0 |\n\n",
         "### Idle daemon over 1 s (from /proc)\n\n",
         "### CLI with 30 terminal runs and 4 active runs stored (1 calls each)\n\n",
         "| `runspool list --active` | 4.0 | 6.0 | 12.0 | n/a |\n\n",
@@ -103,8 +129,30 @@ fn markdown_has_every_section_in_order() {
 #[test]
 fn json_keys_and_their_order() {
     let v: Value = serde_json::from_slice(&json::render(&full()).unwrap()).unwrap();
-    let top = ["label", "dir", "fs", "create_us", "pueue", "latency", "burst", "idle", "scale", "adopt", "targets"];
+    let top = [
+        "label",
+        "dir",
+        "fs",
+        "create_us",
+        "summary",
+        "pueue",
+        "latency",
+        "bridge",
+        "burst",
+        "backlog",
+        "idle",
+        "scale",
+        "adopt",
+        "targets",
+    ];
     assert_eq!(keys(&v), top);
+    assert_eq!(keys(&v["summary"][0]), ["target", "measured", "holds"]);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 6);
+    assert_eq!(keys(&v["bridge"]), ["n", "runspool", "reference", "ratio_p50"]);
+    assert_eq!(keys(&v["bridge"]["runspool"]), ["start", "fallbacks"]);
+    assert_eq!(keys(&v["bridge"]["runspool"]["start"]), ["p50_ms", "p90_ms", "p99_ms", "max_ms", "n"]);
+    assert_eq!(keys(&v["backlog"]), ["n", "max_running", "runspool", "reference", "fresh_daemon_rss_kib"]);
+    assert_eq!(keys(&v["backlog"]["runspool"]), ["secs", "peak_rss_kib", "after_rss_kib"]);
     assert_eq!(keys(&v["pueue"]), ["version", "install_secs", "latency", "burst"]);
     assert!(v["pueue"]["install_secs"].is_null());
     // pueue has no runner stage: no key for it.
