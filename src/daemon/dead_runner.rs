@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::bridge::Bridge;
-use crate::protocol::bridge::{Handle, Operation, MAX_MESSAGE};
+use crate::protocol::bridge::{FailureCode, Handle, Operation, MAX_MESSAGE};
 use crate::protocol::status::Status;
 use crate::providers::{Call, ProviderError};
 use crate::store::fsutil::is_capacity;
@@ -291,7 +291,7 @@ fn cancel_calls(dir: &Path, calls: Vec<Cancel>) -> Vec<Outcome> {
     for ((i, provider, job), p) in calls {
         let r = match p {
             None => Err(crate::providers::failure(
-                "provider-unavailable",
+                FailureCode::ProviderUnavailable,
                 format!(
                     "provider `{provider}` is not configured in this daemon, so job {job} could not be cancelled; cancel it on its engine"
                 ),
@@ -308,7 +308,7 @@ fn cancel_calls(dir: &Path, calls: Vec<Cancel>) -> Vec<Outcome> {
                     deadline: Instant::now() + limit,
                 };
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.call(&call))).unwrap_or_else(|_| {
-                    Err(crate::providers::failure("provider-error", format!("provider `{provider}` panicked during cancel")))
+                    Err(crate::providers::failure(FailureCode::ProviderError, format!("provider `{provider}` panicked during cancel")))
                 })
             }
         };

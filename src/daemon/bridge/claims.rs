@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::work::{complete_after, respond_in_loop, spawn_worker, to_json, Work};
 use super::Bridge;
-use crate::protocol::bridge::{ClaimOwner, Handle, Operation, Request, MAX_REQUEST_BYTES};
+use crate::protocol::bridge::{ClaimOwner, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
 use crate::providers::{self, Provider};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::{ClaimPaths, RunPaths};
@@ -151,7 +151,7 @@ impl Bridge {
         let _ = fsutil::write_atomic(&ClaimPaths::owner(&claim), &to_json(&owner), true);
         let abandoned = |why: &str| {
             providers::failure(
-                &format!("{}-dispatch-abandoned", op.as_str()),
+                FailureCode::dispatch_abandoned(op),
                 format!(
                     "the servicer of {op} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a {op} twice. \
                      Check the engine for a job of run {run_id} and cancel it if it still runs",

@@ -19,7 +19,9 @@ use serde_json::Value;
 use super::hint::Hint;
 use super::watch::Watch;
 use crate::config::Config;
-use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
+use crate::protocol::bridge::{
+    parse_request, Failure, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID,
+};
 use crate::providers::{self, Provider, Providers};
 use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
@@ -399,7 +401,7 @@ impl Bridge {
                 let op = raw.get("operation").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
-                let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
+                let f = providers::failure(FailureCode::MalformedRequest, format!("{}: {msg}", path.display()));
                 self.answer_and_remove(w, Answer { run_id, dir, id, op: &op, provider: &prov }, Err(f));
                 return;
             }
@@ -407,7 +409,7 @@ impl Bridge {
         let Some((provider, limit)) = self.providers.get(&req.provider).cloned() else {
             if self.launched_by_us(run_id, dir) {
                 let f = providers::failure(
-                    "provider-unavailable",
+                    FailureCode::ProviderUnavailable,
                     format!(
                         "provider `{}` is not configured in this runspool daemon; add [providers.{}] to its config file and send SIGHUP",
                         req.provider, req.provider

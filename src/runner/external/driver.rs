@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Ctl, Event, Kind, Outcome, Plan};
-use crate::protocol::bridge::{validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::protocol::bridge::{
+    validate_handle, FailureCode, Handle, JobState, Operation, Request, Response, StartInput,
+};
 use crate::runner::{Msg, Post};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
@@ -343,7 +345,7 @@ impl Driver {
                 }
                 Err(e) => {
                     return Err(Fail::Bridge {
-                        code: "bridge-io".into(),
+                        code: FailureCode::BridgeIo.into(),
                         message: format!("cannot write {}: {e}; check the run directory", path.display()),
                     })
                 }
@@ -371,7 +373,7 @@ impl Driver {
             if grace_until.is_some_and(|t| Instant::now() >= t) {
                 self.abandoned.push(id.clone());
                 return Err(Fail::Bridge {
-                    code: "bridge-no-answer".into(),
+                    code: FailureCode::BridgeNoAnswer.into(),
                     message: format!(
                         "no answer to {} request {id} within {} s of the stop; is the runspool daemon running? If a job was started, cancel it by hand",
                         op.as_str(),
@@ -403,18 +405,18 @@ impl Driver {
 fn answer(r: Response, op: Operation) -> Result<Handle, Fail> {
     if !r.ok {
         return Err(Fail::Bridge {
-            code: r.code.unwrap_or_else(|| "provider-error".into()),
+            code: r.code.unwrap_or_else(|| FailureCode::ProviderError.into()),
             message: r.message.unwrap_or_else(|| "the provider gave no message".into()),
         });
     }
     let Some(h) = r.result else {
         return Err(Fail::Bridge {
-            code: "provider-error".into(),
+            code: FailureCode::ProviderError.into(),
             message: format!("the answer to {} has ok: true but no result", op.as_str()),
         });
     };
     validate_handle(&h, op).map_err(|e| Fail::Bridge {
-        code: "provider-error".into(),
+        code: FailureCode::ProviderError.into(),
         message: format!("invalid handle in the answer to {}: {e}", op.as_str()),
     })?;
     Ok(h)
