@@ -8,6 +8,7 @@ use serde_json::Value;
 
 pub use crate::platform::watch::Strategy;
 use crate::protocol::daemon::{ConfigInfo, ProviderInfo};
+use crate::protocol::ids::{LaneName, ProviderName};
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -342,7 +343,7 @@ impl Config {
             out.push("max_running is 0; set it to 1 or more".into());
         }
         for (name, l) in &self.lanes {
-            if !crate::protocol::is_id(name, 64) {
+            if !LaneName::is_valid(name) {
                 out.push(format!(
                     "lanes.{name}: the lane name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}; rename the table"
                 ));
@@ -603,7 +604,7 @@ fn span_hint(text: &str, e: &toml::de::Error) -> String {
 /// those); part of `errors`, so it runs at start, on every reload and in
 /// `runspool config check`, and errors name the key.
 fn validate_provider(name: &str, p: &Provider) -> Result<(), String> {
-    if !crate::protocol::is_id(name, 128) {
+    if !ProviderName::is_valid(name) {
         return Err(format!(
             "providers.{name}: the provider name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}; rename the table"
         ));

@@ -130,11 +130,11 @@ pub struct RunId(String);
 
 impl RunId {
     /// Longest run-directory name (a file name's limit; requests allow 128).
-    pub const MAX: usize = 255;
+    pub const MAX: usize = crate::protocol::ids::RUN_ID_MAX;
 
     /// `s` when it is a valid run-directory name, else None.
     pub fn parse(s: &str) -> Option<RunId> {
-        crate::protocol::is_id(s, Self::MAX).then(|| RunId(s.to_string()))
+        crate::protocol::ids::run_id_grammar(s).then(|| RunId(s.to_string()))
     }
 
     /// The run of `dir`, the path of a run directory: its last component
@@ -151,6 +151,14 @@ impl RunId {
     /// event) names this run.
     pub fn names(&self, claimed: &str) -> bool {
         self.0 == claimed
+    }
+}
+
+/// The run a launch request asks for by its `runId` (a spool body or a
+/// claim's request, PROTOCOL §2.3): its grammar is a run directory's, shorter.
+impl From<crate::protocol::ids::RequestedRunId> for RunId {
+    fn from(id: crate::protocol::ids::RequestedRunId) -> RunId {
+        RunId(id.into_string())
     }
 }
 

@@ -19,9 +19,8 @@ use serde_json::Value;
 use super::hint::Hint;
 use super::watch::Watch;
 use crate::config::Config;
-use crate::protocol::bridge::{
-    parse_request, Failure, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID,
-};
+use crate::protocol::bridge::{parse_request, Failure, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
+use crate::protocol::ids::BridgeRequestId;
 use crate::providers::{self, Provider, Providers};
 use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
@@ -569,7 +568,7 @@ impl Listing {
                 continue;
             }
             if let Some(stem) = name.strip_suffix(".json") {
-                if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
+                if BridgeRequestId::is_valid(stem) {
                     l.requests.push(stem.to_string());
                 }
             } else if !d.kind(&name).is_ok_and(|k| k == Kind::Dir) {
