@@ -29,6 +29,7 @@ use crate::protocol::bridge::{FailureCode, Handle, Operation, MAX_MESSAGE};
 use crate::protocol::status::Status;
 use crate::providers::{Call, ProviderError};
 use crate::store::fsutil::is_capacity;
+use crate::store::layout::{ClaimPaths, RunPaths};
 use crate::store::{run, Writer};
 
 /// A live job recorded in a status: flat step index, provider, job id.
@@ -249,15 +250,15 @@ fn starts_in_flight(s: &Status) -> Vec<Start> {
 /// The job a start in flight produced, once its claim is finished (the
 /// servicer's own time limit plus a margin; no claim: never dispatched).
 fn landed_job(dir: &Path, request: &str, limit: Option<Duration>) -> Option<String> {
-    let claim = dir.join(super::bridge::REQUESTS).join(format!("{request}.claim"));
+    let claim = RunPaths::bridge_claim(dir, request);
     if !claim.is_dir() {
         return None;
     }
     let until = Instant::now() + limit.unwrap_or_default() + Duration::from_secs(30);
-    while !claim.join("completed.json").exists() && Instant::now() < until {
+    while !ClaimPaths::completed(&claim).exists() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let bytes = crate::store::fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024).ok()?;
+    let bytes = crate::store::fsutil::read_nofollow(&ClaimPaths::handle(&claim), 2 * 1024 * 1024).ok()?;
     let h: Handle = serde_json::from_slice(&bytes).ok()?;
     tracing::warn!(request, job = %h.provider_job_id, "a start in flight when the runner died made a job");
     Some(h.provider_job_id)

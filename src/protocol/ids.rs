@@ -114,6 +114,9 @@ id_type!(
     super::bridge::MAX_REQUEST_ID
 );
 
+// A requested run id is always a valid run directory name (`store::RunId: From<RequestedRunId>`).
+const _: () = assert!(RequestedRunId::MAX <= RUN_ID_MAX);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,8 +153,6 @@ mod tests {
         caps(128, ProviderName::parse, ProviderName::is_valid, ProviderName::as_str);
         caps(200, BridgeRequestId::parse, BridgeRequestId::is_valid, BridgeRequestId::as_str);
         assert!(run_id_grammar(&"x".repeat(RUN_ID_MAX)) && !run_id_grammar(&"x".repeat(RUN_ID_MAX + 1)));
-        // A requested run id is always a valid run directory name.
-        assert!(RequestedRunId::MAX <= RUN_ID_MAX);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use super::bounded::{run_bounded, tail_text};
 use crate::protocol::bridge::{
     digest, FailureCode, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT,
 };
+use crate::store::layout::RunPaths;
 
 pub struct Slurm {
     name: String,
@@ -351,8 +352,7 @@ impl Slurm {
             self.run("squeue", &["-h".into(), "-j".into(), parent.clone(), "-o".into(), "%i".into()], c.deadline)?;
         let active = ok && out.lines().any(|l| l.trim() == parent);
         let name = follow_up_job_name(f);
-        let script =
-            c.run_dir.join(format!("external-job-{}-fu-{}.sbatch", f.start.step_index, &digest(&f.request_id)[..12]));
+        let script = RunPaths::slurm_follow_up_script(c.run_dir, f.start.step_index, &digest(&f.request_id)[..12]);
         let dep = active.then(|| format!("--dependency=afterany:{parent}"));
         self.submit(c, &f.start, &name, &script, dep)
     }
@@ -392,7 +392,7 @@ impl Slurm {
             format!("--job-name={name}"),
             format!("--comment=runspool-request={}", c.request_id),
             format!("--chdir={}", s.cwd),
-            format!("--output={}", c.run_dir.join("slurm-%j.out").display()),
+            format!("--output={}", RunPaths::slurm_output(c.run_dir, "%j").display()),
         ];
         args.extend(extra);
         args.extend(flags);
@@ -434,7 +434,7 @@ impl Slurm {
 
     fn result(&self, c: &Call) -> Result<Handle, ProviderError> {
         let mut h = self.known(c)?;
-        let path = c.run_dir.join(format!("slurm-{}.out", h.provider_job_id));
+        let path = RunPaths::slurm_output(c.run_dir, &h.provider_job_id);
         match read_tail(&path, MAX_OUTPUT) {
             Ok(text) => {
                 h.output = Some(text);
@@ -508,7 +508,7 @@ impl Provider for Slurm {
 }
 
 fn script_path(run_dir: &Path, i: usize) -> PathBuf {
-    run_dir.join(format!("external-job-{i}.sbatch"))
+    RunPaths::slurm_script(run_dir, i)
 }
 
 /// Parse `scontrol -o show job` lines (one job per line).

@@ -249,7 +249,7 @@ impl Driver {
                     self.publish(Some(format!("job {jid}: result in {p}")));
                     return Ok(Some(p.clone()));
                 }
-                let path = self.dir.join(format!("external-job-{}.result.md", self.i));
+                let path = RunPaths::external_result(&self.dir, self.i);
                 match fsutil::write_atomic(&path, h.output.as_deref().unwrap_or("").as_bytes(), true) {
                     Ok(()) => {
                         self.publish(Some(format!("job {jid}: result in {}", path.display())));
