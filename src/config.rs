@@ -3,11 +3,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+pub use crate::platform::watch::Strategy;
 use crate::protocol::daemon::{ConfigInfo, ProviderInfo};
+use crate::protocol::ids::{LaneName, ProviderName};
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub root: Option<PathBuf>,
@@ -32,14 +35,14 @@ pub struct Config {
 
 /// `[lanes.NAME]`: at most `max_running` runs of lane NAME have a live
 /// runner at once (the global `max_running` still caps them all).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Lane {
     pub max_running: usize,
 }
 
 /// `[hooks]`: commands run when a run ends (see src/daemon/hooks.rs).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Hooks {
     /// Run when a run ends `complete`: program and arguments.
@@ -64,31 +67,31 @@ impl Default for Hooks {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Watch {
-    pub strategy: String,
+    pub strategy: Strategy,
     pub poll_interval_ms: u64,
     pub rescan_interval_s: u64,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Storage {
     pub min_free_bytes: u64,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Log {
-    pub level: String,
+    pub level: LogLevel,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Provider {
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: ProviderKind,
     #[serde(default)]
     pub command: Vec<String>,
     #[serde(default = "default_provider_timeout")]
@@ -98,6 +101,103 @@ pub struct Provider {
 fn default_provider_timeout() -> u64 {
     120_000
 }
+
+/// A closed set of names the config accepts for one key: serde reads the
+/// name into the value, or refuses it with an error that names the value
+/// and every accepted name (the key is added by `Config::parse`).
+pub trait Named: Sized + Copy + 'static {
+    /// Every value, in the order the error lists them.
+    const ALL: &'static [Self];
+    /// The name in the config file (and in daemon.json, the CLI's output).
+    fn name(self) -> &'static str;
+}
+
+/// `is `X`; use "a", "b" or "c"`: the refusal of a name outside `T::ALL`.
+fn refusal<T: Named>(got: &str) -> String {
+    let names: Vec<String> = T::ALL.iter().map(|v| format!("\"{}\"", v.name())).collect();
+    let accepted = match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    format!("is `{got}`; use {accepted}")
+}
+
+macro_rules! named_serde {
+    ($($t:ty),*) => {$(
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let got = String::deserialize(d)?;
+                <$t as Named>::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| v.name() == got)
+                    .ok_or_else(|| serde::de::Error::custom(refusal::<$t>(&got)))
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+    )*};
+}
+
+/// `[log] level`, quietest first (so `>` means more verbose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl Named for LogLevel {
+    const ALL: &'static [Self] = &[LogLevel::Error, LogLevel::Warn, LogLevel::Info, LogLevel::Debug, LogLevel::Trace];
+    fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// `[providers.NAME] type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    Command,
+    Slurm,
+}
+
+impl Named for ProviderKind {
+    const ALL: &'static [Self] = &[ProviderKind::Command, ProviderKind::Slurm];
+    fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Command => "command",
+            ProviderKind::Slurm => "slurm",
+        }
+    }
+}
+
+/// `[watch] strategy` (the choice itself is `platform::watch::choose`).
+impl Named for Strategy {
+    const ALL: &'static [Self] = &[Strategy::Auto, Strategy::Native, Strategy::Poll];
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+named_serde!(LogLevel, ProviderKind, Strategy);
 
 impl Default for Config {
     fn default() -> Self {
@@ -119,7 +219,7 @@ impl Default for Config {
 }
 impl Default for Watch {
     fn default() -> Self {
-        Watch { strategy: "auto".into(), poll_interval_ms: 250, rescan_interval_s: 30 }
+        Watch { strategy: Strategy::Auto, poll_interval_ms: 250, rescan_interval_s: 30 }
     }
 }
 impl Default for Storage {
@@ -129,7 +229,7 @@ impl Default for Storage {
 }
 impl Default for Log {
     fn default() -> Self {
-        Log { level: "info".into() }
+        Log { level: LogLevel::Info }
     }
 }
 
@@ -157,7 +257,7 @@ impl Config {
 
     /// The configured providers as daemon.json names them.
     pub fn provider_infos(&self) -> Vec<ProviderInfo> {
-        self.providers.iter().map(|(name, p)| ProviderInfo { name: name.clone(), kind: p.kind.clone() }).collect()
+        self.providers.iter().map(|(name, p)| ProviderInfo { name: name.clone(), kind: p.kind.name().into() }).collect()
     }
 
     /// Load: an explicit file must exist; a missing default file means defaults.
@@ -188,9 +288,9 @@ impl Config {
                 let at = span_hint(text, &e);
                 let plain = crate::protocol::wording::plain(e.message(), crate::protocol::wording::Format::Toml);
                 match plain {
-                    Some(p) if !(key.is_empty() || key == ".") => format!("{key} {p}{at}"),
                     _ if key.is_empty() || key == "." => format!("{}{at}", e.message()),
-                    _ => format!("{key}: {}{at}", e.message()),
+                    Some(p) => format!("{key} {p}{at}"),
+                    None => format!("{key}{}{at}", keyed(e.message())),
                 }
             })
             .map_err(ConfigError::Parse)?;
@@ -199,100 +299,27 @@ impl Config {
     }
 
     /// What differs from `old`, one `key old -> new` item per change, for
-    /// the SIGHUP report. Keys that only a restart applies say so; `root`
-    /// says instead that it is ignored when `root_override` (the flag or
-    /// variable that chose the root, see `Layout::root_override`) wins.
-    /// One comparison per configuration key, hence its length.
+    /// the SIGHUP report, computed from the serialized configurations, so a
+    /// new key is reported without being listed here. Keys that only a
+    /// restart applies say so; `root` says instead that it is ignored when
+    /// `root_override` (the flag or variable that chose the root, see
+    /// `Layout::root_override`) wins.
     pub fn changes_from(&self, old: &Config, root_override: Option<&str>) -> Vec<String> {
         let mut out = Vec::new();
-        fn item(out: &mut Vec<String>, key: &str, a: String, b: String, restart: bool) {
-            if a != b {
-                out.push(format!(
-                    "{key} {a} -> {b}{}",
-                    if restart { " (applies at the next daemon start)" } else { "" }
-                ));
+        let (Ok(a), Ok(b)) = (serde_json::to_value(old), serde_json::to_value(self)) else {
+            return vec!["the configuration changed (it cannot be compared key by key)".into()];
+        };
+        diff(&mut out, "", Some(&a), Some(&b));
+        for item in &mut out {
+            let key = item.split(' ').next().unwrap_or_default();
+            if key == "root" {
+                item.push_str(&match root_override {
+                    Some(w) => format!(" (not applied: {w} wins; the config's root is ignored)"),
+                    None => " (applies at the next daemon start)".into(),
+                });
+            } else if RESTART_KEYS.contains(&key) {
+                item.push_str(" (applies at the next daemon start)");
             }
-        }
-        let root =
-            |r: &Option<PathBuf>| r.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into());
-        if old.root != self.root {
-            let note = match root_override {
-                Some(w) => format!("not applied: {w} wins; the config's root is ignored"),
-                None => "applies at the next daemon start".into(),
-            };
-            out.push(format!("root {} -> {} ({note})", root(&old.root), root(&self.root)));
-        }
-        item(&mut out, "max_running", old.max_running.to_string(), self.max_running.to_string(), false);
-        item(&mut out, "retention_days", old.retention_days.to_string(), self.retention_days.to_string(), false);
-        item(
-            &mut out,
-            "default_timeout_ms",
-            old.default_timeout_ms.to_string(),
-            self.default_timeout_ms.to_string(),
-            false,
-        );
-        item(&mut out, "steward", old.steward.to_string(), self.steward.to_string(), false);
-        let metrics =
-            |m: &Option<PathBuf>| m.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none)".into());
-        item(&mut out, "metrics_file", metrics(&old.metrics_file), metrics(&self.metrics_file), false);
-        item(&mut out, "watch.strategy", old.watch.strategy.clone(), self.watch.strategy.clone(), true);
-        item(
-            &mut out,
-            "watch.poll_interval_ms",
-            old.watch.poll_interval_ms.to_string(),
-            self.watch.poll_interval_ms.to_string(),
-            true,
-        );
-        item(
-            &mut out,
-            "watch.rescan_interval_s",
-            old.watch.rescan_interval_s.to_string(),
-            self.watch.rescan_interval_s.to_string(),
-            false,
-        );
-        item(
-            &mut out,
-            "storage.min_free_bytes",
-            old.storage.min_free_bytes.to_string(),
-            self.storage.min_free_bytes.to_string(),
-            false,
-        );
-        item(&mut out, "log.level", old.log.level.clone(), self.log.level.clone(), false);
-        for (key, a, b) in [
-            ("hooks.on_complete", &old.hooks.on_complete, &self.hooks.on_complete),
-            ("hooks.on_failure", &old.hooks.on_failure, &self.hooks.on_failure),
-        ] {
-            match (a.is_empty(), b.is_empty()) {
-                (true, false) => out.push(format!("{key} added")),
-                (false, true) => out.push(format!("{key} removed")),
-                _ if a != b => out.push(format!("{key} changed")),
-                _ => {}
-            }
-        }
-        item(
-            &mut out,
-            "hooks.max_parallel",
-            old.hooks.max_parallel.to_string(),
-            self.hooks.max_parallel.to_string(),
-            false,
-        );
-        item(&mut out, "hooks.timeout_s", old.hooks.timeout_s.to_string(), self.hooks.timeout_s.to_string(), false);
-        for (name, p) in &self.providers {
-            match old.providers.get(name) {
-                None => out.push(format!("providers.{name} added")),
-                Some(o) if o != p => out.push(format!("providers.{name} changed")),
-                Some(_) => {}
-            }
-        }
-        for name in old.providers.keys().filter(|n| !self.providers.contains_key(*n)) {
-            out.push(format!("providers.{name} removed"));
-        }
-        for (name, l) in &self.lanes {
-            let was = old.lanes.get(name).map(|o| o.max_running.to_string()).unwrap_or_else(|| "(none)".into());
-            item(&mut out, &format!("lanes.{name}.max_running"), was, l.max_running.to_string(), false);
-        }
-        for name in old.lanes.keys().filter(|n| !self.lanes.contains_key(*n)) {
-            out.push(format!("lanes.{name} removed"));
         }
         out
     }
@@ -316,7 +343,7 @@ impl Config {
             out.push("max_running is 0; set it to 1 or more".into());
         }
         for (name, l) in &self.lanes {
-            if !crate::protocol::is_id(name, 64) {
+            if !LaneName::is_valid(name) {
                 out.push(format!(
                     "lanes.{name}: the lane name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}; rename the table"
                 ));
@@ -340,14 +367,8 @@ impl Config {
                 m.display()
             ));
         }
-        if !matches!(self.watch.strategy.as_str(), "auto" | "native" | "poll") {
-            out.push(format!("watch.strategy is `{}`; use auto, native or poll", self.watch.strategy));
-        }
         if self.watch.poll_interval_ms == 0 || self.watch.rescan_interval_s == 0 {
             out.push("watch.poll_interval_ms and watch.rescan_interval_s must be at least 1".into());
-        }
-        if !matches!(self.log.level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
-            out.push(format!("log.level is `{}`; use error, warn, info, debug or trace", self.log.level));
         }
         for (key, cmd) in [("hooks.on_complete", &self.hooks.on_complete), ("hooks.on_failure", &self.hooks.on_failure)]
         {
@@ -362,16 +383,9 @@ impl Config {
             out.push("hooks.timeout_s is 0; set a positive number of seconds".into());
         }
         for (name, p) in &self.providers {
-            match p.kind.as_str() {
-                "command" if p.command.is_empty() || p.command[0].is_empty() => {
-                    out.push(format!("providers.{name}.command is empty; give the executable and its arguments"));
-                    continue;
-                }
-                "command" | "slurm" => {}
-                other => {
-                    out.push(format!("providers.{name}.type is `{other}`; use \"command\" or \"slurm\""));
-                    continue;
-                }
+            if p.kind == ProviderKind::Command && p.command.first().is_none_or(|c| c.is_empty()) {
+                out.push(format!("providers.{name}.command is empty; give the executable and its arguments"));
+                continue;
             }
             if p.timeout_ms == 0 {
                 out.push(format!("providers.{name}.timeout_ms is 0; set a positive number of milliseconds"));
@@ -419,7 +433,7 @@ impl Config {
             out.push(match plain {
                 _ if shown.is_empty() || shown == "." => format!("{msg}{line}"),
                 Some(p) => format!("{shown} {p}{line}"),
-                None => format!("{shown}: {msg}{line}"),
+                None => format!("{shown}{}{line}", keyed(&msg)),
             });
             // serde_path_to_error may or may not include an unknown key in the path.
             if let Some(u) = unknown.filter(|u| path.last() != Some(u)) {
@@ -462,6 +476,76 @@ pub enum ConfigError {
     /// The text is refused: syntax, an unknown key, a wrong type or value.
     #[error("{0}")]
     Parse(String),
+}
+
+/// Keys a reload does not apply: the daemon reads them once, at start.
+const RESTART_KEYS: [&str; 2] = ["watch.strategy", "watch.poll_interval_ms"];
+
+/// Tables whose entries are reported whole (`added`, `changed`, `removed`),
+/// not key by key: a provider's command line is not for the log.
+const WHOLE_ENTRIES: [&str; 1] = ["providers"];
+
+/// The reload report's items for the key `path` going from `a` to `b`
+/// (None: absent). Tables recurse key by key (the new file's keys first,
+/// then those only the old one has); a list is `added`, `removed` or
+/// `changed`; a value is `old -> new`, an unset one `(none)` (the root's
+/// `(default)`).
+fn diff(out: &mut Vec<String>, path: &str, a: Option<&Value>, b: Option<&Value>) {
+    if a == b {
+        return;
+    }
+    let key = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) if WHOLE_ENTRIES.contains(&path) => {
+            for (k, v) in y {
+                match x.get(k) {
+                    None => out.push(format!("{} added", key(k))),
+                    Some(o) if o != v => out.push(format!("{} changed", key(k))),
+                    Some(_) => {}
+                }
+            }
+            for k in x.keys().filter(|k| !y.contains_key(*k)) {
+                out.push(format!("{} removed", key(k)));
+            }
+        }
+        (x @ (Some(Value::Object(_)) | None), Some(Value::Object(y))) => {
+            let x = x.and_then(Value::as_object);
+            for (k, v) in y {
+                diff(out, &key(k), x.and_then(|x| x.get(k)), Some(v));
+            }
+            for (k, v) in x.into_iter().flatten().filter(|(k, _)| !y.contains_key(*k)) {
+                diff(out, &key(k), Some(v), None);
+            }
+        }
+        (Some(Value::Object(_)), None) => out.push(format!("{path} removed")),
+        (a, b) if matches!(a, Some(Value::Array(_))) || matches!(b, Some(Value::Array(_))) => {
+            let empty = |v: Option<&Value>| v.and_then(Value::as_array).is_none_or(Vec::is_empty);
+            out.push(match (empty(a), empty(b)) {
+                (true, false) => format!("{path} added"),
+                (false, true) => format!("{path} removed"),
+                _ => format!("{path} changed"),
+            });
+        }
+        (a, b) => {
+            let shown = |v: Option<&Value>| match v {
+                None | Some(Value::Null) if path == "root" => "(default)".to_string(),
+                None | Some(Value::Null) => "(none)".to_string(),
+                Some(Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+            };
+            out.push(format!("{path} {} -> {}", shown(a), shown(b)));
+        }
+    }
+}
+
+/// How a message follows the key it is about: a closed set's refusal
+/// (`is `X`; use ...`) reads on from the key, serde's own messages after a colon.
+fn keyed(msg: &str) -> String {
+    if msg.starts_with("is `") {
+        format!(" {msg}")
+    } else {
+        format!(": {msg}")
+    }
 }
 
 /// Remove the key at `path` from `table`; false when it is not there.
@@ -520,16 +604,16 @@ fn span_hint(text: &str, e: &toml::de::Error) -> String {
 /// those); part of `errors`, so it runs at start, on every reload and in
 /// `runspool config check`, and errors name the key.
 fn validate_provider(name: &str, p: &Provider) -> Result<(), String> {
-    if !crate::protocol::is_id(name, 128) {
+    if !ProviderName::is_valid(name) {
         return Err(format!(
             "providers.{name}: the provider name must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}; rename the table"
         ));
     }
-    match p.kind.as_str() {
-        "slurm" if !p.command.is_empty() => Err(format!(
+    match p.kind {
+        ProviderKind::Slurm if !p.command.is_empty() => Err(format!(
             "providers.{name}.command is set, but type = \"slurm\" uses sbatch, squeue, sacct/scontrol and scancel from PATH; remove the command key"
         )),
-        "command" if p.command.iter().any(|a| a.contains('\0')) => {
+        ProviderKind::Command if p.command.iter().any(|a| a.contains('\0')) => {
             Err(format!("providers.{name}.command contains a NUL character; remove it"))
         }
         _ => Ok(()),
@@ -689,12 +773,130 @@ mod tests {
     }
 
     #[test]
+    fn closed_sets_are_parsed_once_and_refusals_name_key_value_and_choices() {
+        let c =
+            Config::parse("[watch]\nstrategy = \"poll\"\n[log]\nlevel = \"trace\"\n[providers.s]\ntype = \"slurm\"\n")
+                .unwrap();
+        assert_eq!(
+            (c.watch.strategy, c.log.level, c.providers["s"].kind),
+            (Strategy::Poll, LogLevel::Trace, ProviderKind::Slurm)
+        );
+        for (text, want) in [
+            (
+                "[watch]\nstrategy = \"fast\"\n",
+                "watch.strategy is `fast`; use \"auto\", \"native\" or \"poll\" (line 2)",
+            ),
+            (
+                "[log]\nlevel = \"loud\"\n",
+                "log.level is `loud`; use \"error\", \"warn\", \"info\", \"debug\" or \"trace\" (line 2)",
+            ),
+            ("[providers.x]\ntype = \"magic\"\n", "providers.x.type is `magic`; use \"command\" or \"slurm\" (line 2)"),
+        ] {
+            assert_eq!(Config::parse(text).unwrap_err().to_string(), want);
+            assert_eq!(Config::parse_all(text), [want]);
+        }
+        // A value of the wrong type keeps serde's plain wording.
+        let e = Config::parse("[log]\nlevel = 3\n").unwrap_err().to_string();
+        assert!(e.starts_with("log.level must be a string in quotes (got 3)"), "{e}");
+        // Each value reads back as the name it was written with.
+        for &s in Strategy::ALL {
+            let text = format!("[watch]\nstrategy = \"{s}\"\n");
+            assert_eq!(Config::parse(&text).unwrap().watch.strategy, s);
+        }
+        for &l in LogLevel::ALL {
+            let c = Config::parse(&format!("[log]\nlevel = \"{l}\"\n")).unwrap();
+            assert_eq!((c.log.level, serde_json::to_value(l).unwrap()), (l, serde_json::json!(l.name())));
+        }
+        assert!(LogLevel::Debug > LogLevel::Info && LogLevel::Error < LogLevel::Warn, "ordered by verbosity");
+        assert_eq!(format!("[{:<8}]", ProviderKind::Slurm), "[slurm   ]", "padding applies");
+    }
+
+    /// Every key of the configuration, found from the serialized defaults
+    /// (not from a list), is reported when it alone changes.
+    #[test]
+    fn a_change_of_every_key_is_reported() {
+        fn leaves(path: &str, v: &Value, out: &mut Vec<(String, Value)>) {
+            match v {
+                Value::Object(m) if !m.is_empty() => {
+                    for (k, v) in m {
+                        let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                        leaves(&p, v, out);
+                    }
+                }
+                _ => out.push((path.to_string(), v.clone())),
+            }
+        }
+        fn set(v: &mut Value, path: &str, to: Value) {
+            let mut at = v;
+            for k in path.split('.') {
+                at = &mut at[k];
+            }
+            *at = to;
+        }
+        let base = serde_json::to_value(Config::default()).unwrap();
+        let mut keys = Vec::new();
+        leaves("", &base, &mut keys);
+        // The strings of the closed sets: each leaf that holds one tries the others.
+        let names: Vec<&str> = Strategy::ALL
+            .iter()
+            .map(|s| s.name())
+            .chain(LogLevel::ALL.iter().map(|l| l.name()))
+            .chain(ProviderKind::ALL.iter().map(|k| k.name()))
+            .collect();
+        assert!(keys.len() >= 15, "{keys:?}");
+        for (key, was) in keys {
+            let candidates: Vec<Value> = match &was {
+                Value::Number(n) => vec![serde_json::json!(n.as_u64().unwrap() + 1)],
+                Value::Bool(b) => vec![Value::Bool(!b)],
+                Value::Null => vec![serde_json::json!("/changed/path")],
+                Value::String(_) => names.iter().map(|n| serde_json::json!(n)).collect(),
+                Value::Array(_) => vec![serde_json::json!(["changed"])],
+                Value::Object(_) => {
+                    vec![serde_json::json!({"p": {"type": "slurm"}}), serde_json::json!({"l": {"max_running": 1}})]
+                }
+            };
+            let changed = candidates.into_iter().filter(|c| *c != was).find_map(|c| {
+                let mut v = base.clone();
+                set(&mut v, &key, c);
+                serde_json::from_value::<Config>(v).ok()
+            });
+            let changed = changed.unwrap_or_else(|| panic!("no changed value of {key} deserializes"));
+            assert_ne!(changed, Config::default(), "{key}");
+            let report = changed.changes_from(&Config::default(), None);
+            assert_eq!(report.len(), 1, "{key}: {report:?}");
+            assert!(report[0].starts_with(&key), "{key} is not named: {report:?}");
+            // And back: the change is reported in the other direction too.
+            let back = Config::default().changes_from(&changed, None);
+            assert!(back.len() == 1 && back[0].starts_with(&key), "{key}: {back:?}");
+        }
+    }
+
+    #[test]
+    fn table_entries_are_added_changed_and_removed() {
+        let old = Config::parse("[providers.a]\ntype = \"slurm\"\n[providers.b]\ntype = \"slurm\"\n[lanes.x]\nmax_running = 2\n[lanes.y]\nmax_running = 1\n").unwrap();
+        let new = Config::parse("[providers.a]\ntype = \"slurm\"\ntimeout_ms = 5\n[providers.c]\ntype = \"command\"\ncommand = [\"/bin/x\"]\n[lanes.x]\nmax_running = 3\n").unwrap();
+        assert_eq!(
+            new.changes_from(&old, None),
+            [
+                "providers.a changed",
+                "providers.c added",
+                "providers.b removed",
+                "lanes.x.max_running 2 -> 3",
+                "lanes.y removed",
+            ]
+        );
+        let old = Config::parse("[hooks]\non_complete = [\"a\"]\n").unwrap();
+        let new = Config::parse("[hooks]\non_complete = [\"a\", \"b\"]\n").unwrap();
+        assert_eq!(new.changes_from(&old, None), ["hooks.on_complete changed"]);
+    }
+
+    #[test]
     fn validation_names_the_key() {
-        let p = Provider { kind: "slurm".into(), command: vec!["/x".into()], timeout_ms: 1 };
+        let p = Provider { kind: ProviderKind::Slurm, command: vec!["/x".into()], timeout_ms: 1 };
         assert!(validate_provider("s", &p).unwrap_err().contains("providers.s.command"));
-        let p = Provider { kind: "command".into(), command: vec!["a\0".into()], timeout_ms: 1 };
+        let p = Provider { kind: ProviderKind::Command, command: vec!["a\0".into()], timeout_ms: 1 };
         assert!(validate_provider("k", &p).unwrap_err().contains("providers.k.command"));
-        let p = Provider { kind: "command".into(), command: vec!["/bin/true".into()], timeout_ms: 1 };
+        let p = Provider { kind: ProviderKind::Command, command: vec!["/bin/true".into()], timeout_ms: 1 };
         assert!(validate_provider("k", &p).is_ok());
     }
 }

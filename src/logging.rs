@@ -304,19 +304,6 @@ pub fn set_config_level(level: &str) -> LevelChange {
     }
 }
 
-/// How verbose a `[log] level` is (higher logs more), to order a reload's
-/// report and level change so the report is never filtered out.
-pub fn verbosity(level: &str) -> u8 {
-    match level {
-        "error" => 1,
-        "warn" => 2,
-        "info" => 3,
-        "debug" => 4,
-        "trace" => 5,
-        _ => 3,
-    }
-}
-
 /// Report a fatal startup error: through the journal with priority 3 when
 /// that is where the log goes, else one plain line on stderr.
 pub fn fatal(msg: &str) {
@@ -359,11 +346,5 @@ mod tests {
         let (o, why) = choose(Some("syslog"), Some("1:2"), Some((1, 2)));
         assert_eq!(o, Output::Stderr);
         assert!(why.contains("syslog"), "{why}");
-    }
-
-    #[test]
-    fn verbosity_orders_levels() {
-        assert!(verbosity("debug") > verbosity("info"));
-        assert!(verbosity("error") < verbosity("warn"));
     }
 }

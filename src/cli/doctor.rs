@@ -239,7 +239,7 @@ fn filesystem_check(layout: &Layout, cfg: Option<&Config>) -> Check {
     let choice = crate::platform::watch::choose(
         std::env::consts::OS,
         fs.as_deref(),
-        crate::platform::watch::Strategy::from_config(cfg.map(|c| c.watch.strategy.as_str()).unwrap_or("auto")),
+        cfg.map_or(crate::platform::watch::Strategy::Auto, |c| c.watch.strategy),
     );
     check(
         "filesystem",
@@ -368,7 +368,8 @@ fn provider_checks(c: &Config) -> Vec<Check> {
     c.providers
         .iter()
         .map(|(name, p)| {
-            let exe = if p.kind == "slurm" { "sinfo".to_string() } else { p.command[0].clone() };
+            let exe =
+                if p.kind == crate::config::ProviderKind::Slurm { "sinfo".to_string() } else { p.command[0].clone() };
             let found = crate::platform::exec::find_executable(&exe).is_ok();
             check(
                 "provider",

@@ -10,6 +10,7 @@ use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
 use crate::client::{pending_names, resolve, Target};
+use crate::protocol::ids::RequestedRunId;
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
@@ -194,7 +195,7 @@ pub fn complete_runs(layout: &Layout) -> i32 {
         .map(|rd| {
             rd.flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| crate::protocol::is_id(n, 128))
+                .filter(|n| RequestedRunId::is_valid(n))
                 .collect()
         })
         .unwrap_or_default();

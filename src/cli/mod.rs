@@ -521,9 +521,8 @@ pub fn main() -> i32 {
         Cmd::Man { dir } => docs::man(Cli::command(), dir.as_deref()),
         Cmd::Daemon { config } => {
             crate::platform::close_inherited_fds();
-            let level =
-                crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
-            crate::logging::init(&level, true);
+            let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_default();
+            crate::logging::init(&level.to_string(), true);
             crate::daemon::report::take_service_env();
             let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
                 Ok(d) => d,

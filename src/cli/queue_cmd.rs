@@ -32,7 +32,7 @@ fn locked(layout: &Layout) -> anyhow::Result<std::fs::File> {
     let dir = layout.daemon_dir();
     crate::store::safety::check_layout(layout)?;
     super::args::ensure_dir(&dir)?;
-    let p = dir.join("queue.lock");
+    let p = layout.queue_lock();
     crate::store::fsutil::lock(&p, false)
         .with_context(|| format!("cannot lock {}; check that the root is writable by you", p.display()))?
         .ok_or_else(|| anyhow::anyhow!("cannot lock {}", p.display()))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::bail;
 use serde_json::Value;
 
-use crate::protocol::is_id;
+use crate::protocol::ids::RequestedRunId;
 use crate::protocol::request::MAX_REQUEST_BYTES;
 use crate::store::layout::RunPaths;
 use crate::store::spool::{self, classify_name, Name};
@@ -101,7 +101,7 @@ fn body_run_id(path: &Path) -> Option<String> {
         }
         r => r,
     };
-    found.ok().flatten().filter(|s| is_id(s, 128))
+    found.ok().flatten().filter(|s| RequestedRunId::is_valid(s))
 }
 
 /// The top-level `runId` string of the JSON object at the start of `bytes`
@@ -211,7 +211,7 @@ fn exact(layout: &Layout, arg: &str, listed: &mut Option<Vec<Pending>>) -> Optio
         return Some(Target::Pending(p));
     }
     // Only a valid id can be a pending request's run id: then the bodies, to the first match.
-    if is_id(arg, 128) {
+    if RequestedRunId::is_valid(arg) {
         let mut seen = Vec::new();
         for p in entries(layout) {
             if p.run_id.as_str() == arg {
@@ -240,7 +240,7 @@ fn exact(layout: &Layout, arg: &str, listed: &mut Option<Vec<Pending>>) -> Optio
 
 /// Does run `id` hold a request of runspool's whose `runId` is `id`?
 fn claimed_from(layout: &Layout, id: &RunId) -> bool {
-    if !is_id(id, 128) {
+    if !RequestedRunId::is_valid(id) {
         return false;
     }
     let request = RunPaths::request(&layout.run_dir(id));
@@ -285,7 +285,8 @@ pub fn resolve(layout: &Layout, arg: &str) -> anyhow::Result<Target> {
         }
     }
     // No run id starts with what no run id could start with: no body read then.
-    let pending = if is_id(arg, 128) { listed.unwrap_or_else(|| entries(layout).collect()) } else { vec![] };
+    let pending =
+        if RequestedRunId::is_valid(arg) { listed.unwrap_or_else(|| entries(layout).collect()) } else { vec![] };
     for p in pending {
         if p.run_id.starts_with(arg) && !found.iter().any(|t| matches!(t, Target::Run(id) if *id == p.run_id)) {
             found.push(Target::Pending(p));

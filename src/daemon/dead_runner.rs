@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::bridge::Bridge;
-use crate::protocol::bridge::{Handle, Operation, MAX_MESSAGE};
+use crate::protocol::bridge::{FailureCode, Handle, Operation, MAX_MESSAGE};
 use crate::protocol::status::Status;
 use crate::providers::{Call, ProviderError};
 use crate::store::fsutil::is_capacity;
+use crate::store::layout::{ClaimPaths, RunPaths};
 use crate::store::{run, Writer};
 
 /// A live job recorded in a status: flat step index, provider, job id.
@@ -249,15 +250,15 @@ fn starts_in_flight(s: &Status) -> Vec<Start> {
 /// The job a start in flight produced, once its claim is finished (the
 /// servicer's own time limit plus a margin; no claim: never dispatched).
 fn landed_job(dir: &Path, request: &str, limit: Option<Duration>) -> Option<String> {
-    let claim = dir.join(super::bridge::REQUESTS).join(format!("{request}.claim"));
+    let claim = RunPaths::bridge_claim(dir, request);
     if !claim.is_dir() {
         return None;
     }
     let until = Instant::now() + limit.unwrap_or_default() + Duration::from_secs(30);
-    while !claim.join("completed.json").exists() && Instant::now() < until {
+    while !ClaimPaths::completed(&claim).exists() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let bytes = crate::store::fsutil::read_nofollow(&claim.join("handle.json"), 2 * 1024 * 1024).ok()?;
+    let bytes = crate::store::fsutil::read_nofollow(&ClaimPaths::handle(&claim), 2 * 1024 * 1024).ok()?;
     let h: Handle = serde_json::from_slice(&bytes).ok()?;
     tracing::warn!(request, job = %h.provider_job_id, "a start in flight when the runner died made a job");
     Some(h.provider_job_id)
@@ -291,7 +292,7 @@ fn cancel_calls(dir: &Path, calls: Vec<Cancel>) -> Vec<Outcome> {
     for ((i, provider, job), p) in calls {
         let r = match p {
             None => Err(crate::providers::failure(
-                "provider-unavailable",
+                FailureCode::ProviderUnavailable,
                 format!(
                     "provider `{provider}` is not configured in this daemon, so job {job} could not be cancelled; cancel it on its engine"
                 ),
@@ -308,7 +309,7 @@ fn cancel_calls(dir: &Path, calls: Vec<Cancel>) -> Vec<Outcome> {
                     deadline: Instant::now() + limit,
                 };
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.call(&call))).unwrap_or_else(|_| {
-                    Err(crate::providers::failure("provider-error", format!("provider `{provider}` panicked during cancel")))
+                    Err(crate::providers::failure(FailureCode::ProviderError, format!("provider `{provider}` panicked during cancel")))
                 })
             }
         };

@@ -39,6 +39,7 @@ use crate::config::Hooks as HookConfig;
 use crate::platform::child::{self, Child, Ladder, Schedule, Signal};
 use crate::platform::exec::{self, Detach};
 use crate::protocol::status::{State, Status};
+use crate::store::layout::RunPaths;
 use crate::store::{fsutil, results, run, Layout, RunId};
 
 /// hook.log keeps at most this many bytes of a run's hook output (stdout and
@@ -91,7 +92,7 @@ impl HookRecord {
 }
 
 pub fn record_path(run_dir: &Path) -> PathBuf {
-    run_dir.join("hook.json")
+    RunPaths::hook_json(run_dir)
 }
 
 /// `runspool/hooks-running/<runId>`: what a later daemon needs to keep a
@@ -140,8 +141,8 @@ pub struct Hooks {
 impl Hooks {
     pub fn new(l: &Layout) -> Hooks {
         Hooks {
-            pending_dir: l.daemon_dir().join("hooks-pending"),
-            running_dir: l.daemon_dir().join("hooks-running"),
+            pending_dir: l.hooks_pending(),
+            running_dir: l.hooks_running(),
             tracked: HashSet::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -331,7 +332,7 @@ impl Hooks {
                         let why = if r.timed_out { format!("timed out after hooks.timeout_s; {how}") } else { how };
                         tracing::warn!(
                             run_id = %h.run_id, hook = %r.hook, duration_ms = ms, outcome = %why,
-                            log = %l.run_dir(&h.run_id).join("hook.log").display(), "hook failed"
+                            log = %RunPaths::hook_log(&l.run_dir(&h.run_id)).display(), "hook failed"
                         );
                         r.error = Some(why);
                     }
@@ -497,7 +498,7 @@ fn note_orphan_killed(dir: &Path, rec: &RunningRecord) {
 
 fn spawn(command: &[String], dir: &Path, s: &Status, timeout: Duration) -> io::Result<Child> {
     // The run directory is the steps' to write: a FIFO planted as hook.log is refused, never waited on.
-    let log = fsutil::open_append(&dir.join("hook.log"))?;
+    let log = fsutil::open_append(&RunPaths::hook_log(dir))?;
     // The hook writes into a pipe and a thread copies at most HOOK_LOG_MAX
     // bytes into hook.log, so a hook that prints without end fills no disk.
     let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
@@ -516,7 +517,7 @@ fn spawn(command: &[String], dir: &Path, s: &Status, timeout: Duration) -> io::R
     let child = Child::spawn(&mut cmd, Some(Instant::now() + timeout), Ladder::STOP)?;
     // Our copies of the pipe's write end must close, or the copier never sees its end.
     drop(cmd);
-    let path = dir.join("hook.log");
+    let path = RunPaths::hook_log(dir);
     std::thread::Builder::new().name("hook-log".into()).spawn(move || copy_capped(output, log, HOOK_LOG_MAX, &path))?;
     Ok(child)
 }

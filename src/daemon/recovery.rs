@@ -372,10 +372,9 @@ fn sweep_shared_temps(env: &Env) {
     let l = env.layout;
     // The hook records and the list cache are written atomically too: a
     // daemon killed mid-write leaves its temp there (docs/crash-points.md).
-    let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir(), l.results().join("result-index/runs")];
-    dirs.extend(["hooks-pending", "hooks-running", "recent-cache"].map(|d| l.daemon_dir().join(d)));
-    let index = l.results().join("result-index");
-    for parent in [l.terminal(), l.results().join("result-pending"), index.join("sessions"), index.join("tool-calls")] {
+    let mut dirs = vec![l.rejected(), l.active(), l.results(), l.daemon_dir(), l.result_index_runs()];
+    dirs.extend([l.hooks_pending(), l.hooks_running(), l.recent_cache()]);
+    for parent in [l.terminal(), l.result_pending(), l.result_index_sessions(), l.result_index_tool_calls()] {
         if let Ok(rd) = std::fs::read_dir(&parent) {
             dirs.extend(rd.flatten().map(|e| e.path()));
         }

@@ -30,13 +30,13 @@ impl Daemon {
         }
         // A quieter level is applied after the report, a louder one before,
         // so the report itself is never filtered out.
-        let (old_level, new_level) = (self.cfg.log.level.clone(), new.log.level.clone());
+        let (old_level, new_level) = (self.cfg.log.level, new.log.level);
         let mut quieter_later = false;
         if old_level != new_level {
             if let Some(v) = logging::env_level() {
                 note_level(&mut changes, &format!("not applied: {} = {v} is set and wins", logging::LEVEL_ENV));
-            } else if logging::verbosity(&new_level) >= logging::verbosity(&old_level) {
-                if let LevelChange::Failed(e) = logging::set_config_level(&new_level) {
+            } else if new_level >= old_level {
+                if let LevelChange::Failed(e) = logging::set_config_level(&new_level.to_string()) {
                     note_level(&mut changes, &format!("not applied: {e}"));
                 }
             } else {
@@ -45,7 +45,7 @@ impl Daemon {
         }
         tracing::info!(config = %file, "configuration reloaded: {}", changes.join("; "));
         if quieter_later {
-            if let LevelChange::Failed(e) = logging::set_config_level(&new_level) {
+            if let LevelChange::Failed(e) = logging::set_config_level(&new_level.to_string()) {
                 tracing::warn!(config = %file, "log.level {new_level} not applied: {e}");
             }
         }

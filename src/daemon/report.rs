@@ -205,7 +205,7 @@ const RESERVE_RETRY: Duration = Duration::from_secs(10);
 
 impl Reserve {
     pub fn new(l: &Layout) -> Reserve {
-        Reserve { path: l.daemon_dir().join("storage-reserve"), size: 0, released: false, next_try: Instant::now() }
+        Reserve { path: l.storage_reserve(), size: 0, released: false, next_try: Instant::now() }
     }
 
     /// Bring the reserve to its full size when it is short (at most every 10 s).

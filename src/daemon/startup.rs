@@ -10,7 +10,7 @@ use super::hint::{forward_signals, Hint};
 use super::recovery::Recovery;
 use super::storage::Storage;
 use super::supervisor::{RunnerProgram, Supervisor};
-use super::watch::{self, Watch};
+use super::watch::Watch;
 use super::{bridge, hooks, report, retention, spool, Daemon, Options, StartError};
 use crate::config::Config;
 use crate::protocol::daemon::DaemonStatus;
@@ -38,13 +38,9 @@ impl Daemon {
         }
         crate::store::safety::check_layout(&layout)?;
         let lock = take_daemon_lock(&layout)?;
-        let mut watch = Watch::start(
-            &layout,
-            tx.clone(),
-            watch::Strategy::from_config(&cfg.watch.strategy),
-            Duration::from_millis(cfg.watch.poll_interval_ms),
-        )
-        .map_err(StartError::Watch)?;
+        let mut watch =
+            Watch::start(&layout, tx.clone(), cfg.watch.strategy, Duration::from_millis(cfg.watch.poll_interval_ms))
+                .map_err(StartError::Watch)?;
         // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
         watch.add(&layout.daemon_dir());
         let (previous_start, previous_seen) = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)

@@ -15,16 +15,6 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// `watch.strategy` as config.rs keeps it (it refuses anything but
-    /// auto, native and poll; anything else counts as auto).
-    pub fn from_config(s: &str) -> Strategy {
-        match s {
-            "native" => Strategy::Native,
-            "poll" => Strategy::Poll,
-            _ => Strategy::Auto,
-        }
-    }
-
     /// The name in the config and in daemon.json's `watch.strategy`.
     pub fn as_str(self) -> &'static str {
         match self {

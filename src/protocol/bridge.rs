@@ -48,6 +48,121 @@ impl Operation {
     }
 }
 
+/// The failure codes runspool itself writes (PROTOCOL §8.2, §8.3, §8.4): as
+/// `code` of a bridge response, as a job's `failureCode`, as the code of a
+/// failed external step. A provider may give codes of its own, so the
+/// `code` fields on disk stay strings; these are the ones runspool spells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureCode {
+    /// The request does not parse or validate.
+    MalformedRequest,
+    /// The provider failed without a code of its own.
+    ProviderError,
+    /// The operation ran past the provider's `timeout_ms`.
+    ProviderTimeout,
+    /// No provider of that name is configured.
+    ProviderUnavailable,
+    /// A start's servicer died before saving the job handle.
+    StartDispatchAbandoned,
+    /// A follow-up's servicer died before saving the job handle.
+    FollowUpDispatchAbandoned,
+    /// An earlier start ended without a job id; it is never sent again.
+    StartRedispatchBlocked,
+    /// status.json records a job of another provider or prompt.
+    RecoveryMismatch,
+    /// The runner cannot write its bridge request.
+    BridgeIo,
+    /// No answer to a bridge request within the stop's grace.
+    BridgeNoAnswer,
+    /// A provider option has a value the provider refuses (Slurm).
+    InvalidOption,
+    /// The engine knows no such job (Slurm).
+    JobNotFound,
+    /// A Slurm job was cancelled.
+    SlurmCancelled,
+}
+
+impl FailureCode {
+    /// Every code runspool writes.
+    pub const ALL: [FailureCode; 13] = [
+        FailureCode::MalformedRequest,
+        FailureCode::ProviderError,
+        FailureCode::ProviderTimeout,
+        FailureCode::ProviderUnavailable,
+        FailureCode::StartDispatchAbandoned,
+        FailureCode::FollowUpDispatchAbandoned,
+        FailureCode::StartRedispatchBlocked,
+        FailureCode::RecoveryMismatch,
+        FailureCode::BridgeIo,
+        FailureCode::BridgeNoAnswer,
+        FailureCode::InvalidOption,
+        FailureCode::JobNotFound,
+        FailureCode::SlurmCancelled,
+    ];
+
+    /// The code as written on disk.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureCode::MalformedRequest => "malformed-request",
+            FailureCode::ProviderError => "provider-error",
+            FailureCode::ProviderTimeout => "provider-timeout",
+            FailureCode::ProviderUnavailable => "provider-unavailable",
+            FailureCode::StartDispatchAbandoned => "start-dispatch-abandoned",
+            FailureCode::FollowUpDispatchAbandoned => "follow-up-dispatch-abandoned",
+            FailureCode::StartRedispatchBlocked => "start-redispatch-blocked",
+            FailureCode::RecoveryMismatch => "recovery-mismatch",
+            FailureCode::BridgeIo => "bridge-io",
+            FailureCode::BridgeNoAnswer => "bridge-no-answer",
+            FailureCode::InvalidOption => "invalid-option",
+            FailureCode::JobNotFound => "job-not-found",
+            FailureCode::SlurmCancelled => "slurm-cancelled",
+        }
+    }
+
+    /// The code spelled `s` on disk, if runspool writes it.
+    pub fn parse(s: &str) -> Option<FailureCode> {
+        FailureCode::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// True when `code` (a string from disk or a provider) is this code.
+    pub fn is(self, code: &str) -> bool {
+        self.as_str() == code
+    }
+
+    /// The code of a dispatch (start or follow-up) whose servicer died
+    /// before saving the job handle.
+    pub fn dispatch_abandoned(op: Operation) -> FailureCode {
+        match op {
+            Operation::FollowUp => FailureCode::FollowUpDispatchAbandoned,
+            _ => FailureCode::StartDispatchAbandoned,
+        }
+    }
+
+    /// The code of a Slurm job that ended in a failure state: `slurm-` and
+    /// the state in lower case with `-` for `_` (`NODE_FAIL`: `slurm-node-fail`).
+    pub fn slurm_state(state: &str) -> String {
+        format!("slurm-{}", state.to_ascii_lowercase().replace('_', "-"))
+    }
+}
+
+impl std::fmt::Display for FailureCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for FailureCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl From<FailureCode> for String {
+    fn from(c: FailureCode) -> String {
+        c.as_str().to_string()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
@@ -422,6 +537,40 @@ fn check_start(field: &str, s: &StartInput, run_id: &str) -> Result<(), Validati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_codes_round_trip_and_keep_their_spelling() {
+        let spelled: Vec<&str> = FailureCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            spelled,
+            [
+                "malformed-request",
+                "provider-error",
+                "provider-timeout",
+                "provider-unavailable",
+                "start-dispatch-abandoned",
+                "follow-up-dispatch-abandoned",
+                "start-redispatch-blocked",
+                "recovery-mismatch",
+                "bridge-io",
+                "bridge-no-answer",
+                "invalid-option",
+                "job-not-found",
+                "slurm-cancelled",
+            ]
+        );
+        for c in FailureCode::ALL {
+            assert_eq!(FailureCode::parse(c.as_str()), Some(c));
+            assert_eq!(serde_json::to_value(c).unwrap(), serde_json::json!(c.as_str()));
+            assert_eq!(c.to_string(), c.as_str());
+            assert!(c.is(c.as_str()));
+        }
+        assert_eq!(FailureCode::parse("quota"), None);
+        assert_eq!(FailureCode::dispatch_abandoned(Operation::Start), FailureCode::StartDispatchAbandoned);
+        assert_eq!(FailureCode::dispatch_abandoned(Operation::FollowUp), FailureCode::FollowUpDispatchAbandoned);
+        assert_eq!(FailureCode::slurm_state("NODE_FAIL"), "slurm-node-fail");
+        assert_eq!(FailureCode::slurm_state("OUT_OF_MEMORY"), "slurm-out-of-memory");
+    }
 
     #[test]
     fn follow_up_requests_validate() {

@@ -9,6 +9,8 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::ids::{run_id_grammar, LaneName, RequestedRunId};
+
 pub const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
 pub const MAX_STEPS: usize = 256;
 /// The run limit of a request without `timeoutMs` when the daemon's
@@ -600,7 +602,7 @@ fn check_step(path: &str, s: &Step, ctx: &dyn Context) -> Result<(), Rejection> 
 /// exists is the claimer's to check (`unknown-dependency`).
 fn check_scheduling(r: &Request) -> Result<(), Rejection> {
     if let Some(l) = &r.lane {
-        if !super::is_id(l, 64) {
+        if !LaneName::is_valid(l) {
             return Err(field(format!(
                 "field `lane` is `{}`; it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}",
                 l.escape_debug()
@@ -615,7 +617,7 @@ fn check_scheduling(r: &Request) -> Result<(), Rejection> {
             )));
         }
         for (i, id) in after.iter().enumerate() {
-            if !super::is_id(id, 255) {
+            if !run_id_grammar(id) {
                 return Err(field(format!(
                     "field `after[{i}]` is `{}`; it must be a run id matching [A-Za-z0-9][A-Za-z0-9._-]*",
                     id.escape_debug()
@@ -642,7 +644,7 @@ fn check_scheduling(r: &Request) -> Result<(), Rejection> {
 
 fn check(r: &Request, ctx: &dyn Context) -> Result<(), Rejection> {
     if let Some(id) = &r.run_id {
-        if !super::is_id(id, 128) {
+        if !RequestedRunId::is_valid(id) {
             return Err(field(format!(
                 "field `runId` is `{}`; it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}",
                 id.escape_debug()
@@ -650,7 +652,7 @@ fn check(r: &Request, ctx: &dyn Context) -> Result<(), Rejection> {
         }
     }
     if let Some(id) = &r.restart_of {
-        if !super::is_id(id, 128) {
+        if !RequestedRunId::is_valid(id) {
             return Err(field(format!(
                 "field `restartOf` is `{}`; it must be a run id matching [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}",
                 id.escape_debug()

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::ids::{run_id_grammar, LaneName};
 use super::request::Mode;
 
 super::open_enum! {
@@ -368,7 +369,7 @@ impl Status {
     /// The run's lane (PROTOCOL §15): `lane`, else `default`.
     pub fn lane(&self) -> &str {
         match self.extra.get("lane").and_then(Value::as_str) {
-            Some(l) if super::is_id(l, 64) => l,
+            Some(l) if LaneName::is_valid(l) => l,
             _ => super::request::DEFAULT_LANE,
         }
     }
@@ -376,12 +377,7 @@ impl Status {
     /// `after`: the run ids this run waits for (those that are run ids).
     pub fn after(&self) -> Vec<String> {
         let list = self.extra.get("after").and_then(Value::as_array);
-        list.into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .filter(|s| super::is_id(s, 255))
-            .map(String::from)
-            .collect()
+        list.into_iter().flatten().filter_map(Value::as_str).filter(|s| run_id_grammar(s)).map(String::from).collect()
     }
 
     /// `afterPolicy` is `any`.

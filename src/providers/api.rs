@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::protocol::bridge::{Failure, FollowUpInput, Handle, Operation, StartInput};
+use crate::protocol::bridge::{Failure, FailureCode, FollowUpInput, Handle, Operation, StartInput};
 
 /// One provider operation, as the daemon's bridge hands it over.
 pub struct Call<'a> {
@@ -24,7 +24,7 @@ pub struct Call<'a> {
 /// A provider error: a code (§8.2) and a message naming what to fix.
 pub type ProviderError = Failure;
 
-pub fn failure(code: &str, message: impl Into<String>) -> ProviderError {
+pub fn failure(code: FailureCode, message: impl Into<String>) -> ProviderError {
     let mut message: String = message.into();
     if message.chars().count() > crate::protocol::bridge::MAX_MESSAGE {
         message = message.chars().take(crate::protocol::bridge::MAX_MESSAGE - 3).collect::<String>() + "...";
@@ -33,7 +33,7 @@ pub fn failure(code: &str, message: impl Into<String>) -> ProviderError {
         "" => "no message".to_string(),
         m => m.to_string(),
     };
-    Failure { code: code.to_string(), message, blocking_job_id: None }
+    Failure { code: code.into(), message, blocking_job_id: None }
 }
 
 pub trait Provider: Send + Sync {

@@ -8,7 +8,7 @@ use serde_json::json;
 use super::api::{failure, Call, CheckError, Provider, ProviderError};
 use super::bounded::{run_bounded, tail_text};
 use crate::platform::exec::find_executable;
-use crate::protocol::bridge::{parse_failure, parse_handle, Handle, Operation, MAX_OUTPUT};
+use crate::protocol::bridge::{parse_failure, parse_handle, FailureCode, Handle, Operation, MAX_OUTPUT};
 
 pub struct CommandProvider {
     name: String,
@@ -35,12 +35,12 @@ impl Provider for CommandProvider {
         let input = match (c.op, c.start, c.follow_up) {
             (Operation::Start, Some(s), _) => serde_json::to_vec(s).unwrap_or_default(),
             (Operation::Start, None, _) => {
-                return Err(failure("malformed-request", "a start request without its `start` object"))
+                return Err(failure(FailureCode::MalformedRequest, "a start request without its `start` object"))
             }
             // `<command...> follow-up` with the followUp object on stdin.
             (Operation::FollowUp, _, Some(f)) => serde_json::to_vec(f).unwrap_or_default(),
             (Operation::FollowUp, _, None) => {
-                return Err(failure("malformed-request", "a follow-up request without its `followUp` object"))
+                return Err(failure(FailureCode::MalformedRequest, "a follow-up request without its `followUp` object"))
             }
             (_, _, _) => serde_json::to_vec(&json!({"providerJobId": c.provider_job_id})).unwrap_or_default(),
         };
@@ -50,7 +50,7 @@ impl Provider for CommandProvider {
         // Room for a 1 MiB output once JSON-escaped, and the handle around it.
         let out = run_bounded(&argv, &input, &envs, c.deadline, 4 * MAX_OUTPUT).map_err(|e| {
             failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!(
                     "providers.{name}: cannot run `{}`: {e}; check that providers.{name}.command[0] exists and is executable (`runspool providers` checks it)",
                     argv[0]
@@ -60,7 +60,7 @@ impl Provider for CommandProvider {
         let shown = self.shown(c.op);
         if out.timed_out {
             return Err(failure(
-                "provider-timeout",
+                FailureCode::ProviderTimeout,
                 format!(
                     "providers.{name}: `{shown}` did not finish within its time limit (providers.{name}.timeout_ms); its process group {} was killed{}",
                     out.pgid,
@@ -71,14 +71,14 @@ impl Provider for CommandProvider {
         let status = out.status.expect("not timed out: the child was waited for");
         if out.stdout_truncated {
             return Err(failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!("providers.{name}: `{shown}` printed more than {} bytes; return a smaller output or an artifactPath", 4 * MAX_OUTPUT),
             ));
         }
         if status.success() {
             return parse_handle(&out.stdout, c.op).map_err(|e| {
                 failure(
-                    "provider-error",
+                    FailureCode::ProviderError,
                     format!(
                         "providers.{name}: `{shown}` exited 0 but printed an invalid handle: {e}; it must print one JSON object with providerJobId and state (docs/protocol.md §8.2). stdout was: {}{}",
                         show_stdout(&out.stdout),
@@ -95,7 +95,7 @@ impl Provider for CommandProvider {
         match parse_failure(out.stdout.trim_ascii()) {
             Ok(f) => Err(f),
             Err(_) => Err(failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!(
                     "providers.{name}: `{shown}` {how}{}; stdout: {}",
                     stderr_suffix(&out.stderr_tail),

@@ -29,9 +29,9 @@ pub fn build_all(cfg: &config::Config) -> Providers {
 }
 
 pub fn build(name: &str, p: &config::Provider) -> Arc<dyn Provider> {
-    match p.kind.as_str() {
-        "slurm" => Arc::new(slurm::Slurm::new(name)),
-        _ => Arc::new(command::CommandProvider::new(name, p.command.clone())),
+    match p.kind {
+        config::ProviderKind::Slurm => Arc::new(slurm::Slurm::new(name)),
+        config::ProviderKind::Command => Arc::new(command::CommandProvider::new(name, p.command.clone())),
     }
 }
 

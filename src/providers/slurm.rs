@@ -13,7 +13,10 @@ use serde_json::Value;
 
 use super::api::{failure, Call, CheckError, Provider, ProviderError};
 use super::bounded::{run_bounded, tail_text};
-use crate::protocol::bridge::{digest, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT};
+use crate::protocol::bridge::{
+    digest, FailureCode, FollowUpInput, Handle, JobState, Operation, StartInput, MAX_OUTPUT,
+};
+use crate::store::layout::RunPaths;
 
 pub struct Slurm {
     name: String,
@@ -65,7 +68,7 @@ pub fn follow_up_job_name(f: &FollowUpInput) -> String {
 fn option_token(key: &str, v: &Value) -> Result<String, ProviderError> {
     let bad = |why: &str| {
         failure(
-            "invalid-option",
+            FailureCode::InvalidOption,
             format!("externalJob.options.{key} {why}; see docs/external-jobs.md for the Slurm options"),
         )
     };
@@ -91,7 +94,7 @@ pub fn sbatch_flags(options: &serde_json::Map<String, Value>) -> Result<Vec<Stri
             "cpus" => {
                 if !v.as_u64().is_some_and(|n| (1..=4096).contains(&n)) {
                     return Err(failure(
-                        "invalid-option",
+                        FailureCode::InvalidOption,
                         format!("externalJob.options.cpus is {v}; give a whole number of CPUs from 1 to 4096"),
                     ));
                 }
@@ -100,7 +103,7 @@ pub fn sbatch_flags(options: &serde_json::Map<String, Value>) -> Result<Vec<Stri
             "memory" => "--mem",
             other => {
                 return Err(failure(
-                    "invalid-option",
+                    FailureCode::InvalidOption,
                     format!(
                         "externalJob.options.{other} is not a Slurm option runspool knows; use partition, account, timeLimit, cpus or memory"
                     ),
@@ -123,7 +126,7 @@ impl Slurm {
         argv.extend(args.iter().cloned());
         let out = run_bounded(&argv, b"", &[], deadline, 4 * MAX_OUTPUT).map_err(|e| {
             failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!(
                     "providers.{}: cannot run `{bin}`: {e}; install the Slurm client commands (Debian: slurm-client) and make sure they are on the daemon's PATH",
                     self.name
@@ -132,7 +135,7 @@ impl Slurm {
         })?;
         if out.timed_out {
             return Err(failure(
-                "provider-timeout",
+                FailureCode::ProviderTimeout,
                 format!(
                     "providers.{}: `{}` did not finish within the time limit (providers.{}.timeout_ms) and was killed; is slurmctld reachable?",
                     self.name,
@@ -146,7 +149,10 @@ impl Slurm {
     }
 
     fn cmd_error(&self, what: &str, stderr: &str) -> ProviderError {
-        failure("provider-error", format!("providers.{}: `{what}` failed: {}", self.name, tail_text(stderr, 1500)))
+        failure(
+            FailureCode::ProviderError,
+            format!("providers.{}: `{what}` failed: {}", self.name, tail_text(stderr, 1500)),
+        )
     }
 
     /// squeue, then scontrol, then sacct: the first that knows the job wins.
@@ -215,7 +221,7 @@ impl Slurm {
     fn handle_for(&self, j: &JobInfo) -> Result<Handle, ProviderError> {
         let state = map_state(&j.state).ok_or_else(|| {
             failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!(
                     "providers.{}: Slurm job {} is in state `{}`, which runspool does not know",
                     self.name, j.id, j.state
@@ -240,11 +246,11 @@ impl Slurm {
         };
         match state {
             JobState::Failed => {
-                h.failure_code = Some(format!("slurm-{}", slurm_state.to_ascii_lowercase().replace('_', "-")));
+                h.failure_code = Some(FailureCode::slurm_state(&slurm_state));
                 h.failure_message = Some(format!("Slurm job {} ended in state {slurm_state}{detail}", j.id));
             }
             JobState::Stopped => {
-                h.failure_code = Some("slurm-cancelled".into());
+                h.failure_code = Some(FailureCode::SlurmCancelled.into());
                 h.failure_message = Some(format!("Slurm job {} was {slurm_state}{detail}", j.id));
             }
             _ => {}
@@ -257,7 +263,7 @@ impl Slurm {
         match self.query(id, c.deadline)? {
             Some(j) => self.handle_for(&j),
             None => Err(failure(
-                "job-not-found",
+                FailureCode::JobNotFound,
                 format!("providers.{}: Slurm knows no job {id} (asked squeue, scontrol and sacct); it may have aged out of slurmctld (MinJobAge) with accounting disabled", self.name),
             )),
         }
@@ -338,7 +344,7 @@ impl Slurm {
         let parent = &f.parent_provider_job_id;
         if !parent.bytes().all(|b| b.is_ascii_digit()) {
             return Err(failure(
-                "malformed-request",
+                FailureCode::MalformedRequest,
                 format!("followUp.parentProviderJobId `{parent}` is not a Slurm job id (digits only)"),
             ));
         }
@@ -346,8 +352,7 @@ impl Slurm {
             self.run("squeue", &["-h".into(), "-j".into(), parent.clone(), "-o".into(), "%i".into()], c.deadline)?;
         let active = ok && out.lines().any(|l| l.trim() == parent);
         let name = follow_up_job_name(f);
-        let script =
-            c.run_dir.join(format!("external-job-{}-fu-{}.sbatch", f.start.step_index, &digest(&f.request_id)[..12]));
+        let script = RunPaths::slurm_follow_up_script(c.run_dir, f.start.step_index, &digest(&f.request_id)[..12]);
         let dep = active.then(|| format!("--dependency=afterany:{parent}"));
         self.submit(c, &f.start, &name, &script, dep)
     }
@@ -378,7 +383,7 @@ impl Slurm {
             })
             .map_err(|e| {
                 failure(
-                    "provider-error",
+                    FailureCode::ProviderError,
                     format!("providers.{}: cannot write the batch script {}: {e}", self.name, script.display()),
                 )
             })?;
@@ -387,7 +392,7 @@ impl Slurm {
             format!("--job-name={name}"),
             format!("--comment=runspool-request={}", c.request_id),
             format!("--chdir={}", s.cwd),
-            format!("--output={}", c.run_dir.join("slurm-%j.out").display()),
+            format!("--output={}", RunPaths::slurm_output(c.run_dir, "%j").display()),
         ];
         args.extend(extra);
         args.extend(flags);
@@ -395,14 +400,14 @@ impl Slurm {
         let (ok, out, err) = self.run("sbatch", &args, c.deadline)?;
         if !ok {
             return Err(failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!("providers.{}: sbatch refused the job {name}: {}", self.name, tail_text(&err, 1500)),
             ));
         }
         let id = out.lines().next().unwrap_or("").split(';').next().unwrap_or("").trim().to_string();
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!(
                     "providers.{}: sbatch --parsable printed `{}`, not a job id; stderr: {}",
                     self.name,
@@ -429,7 +434,7 @@ impl Slurm {
 
     fn result(&self, c: &Call) -> Result<Handle, ProviderError> {
         let mut h = self.known(c)?;
-        let path = c.run_dir.join(format!("slurm-{}.out", h.provider_job_id));
+        let path = RunPaths::slurm_output(c.run_dir, &h.provider_job_id);
         match read_tail(&path, MAX_OUTPUT) {
             Ok(text) => {
                 h.output = Some(text);
@@ -438,7 +443,7 @@ impl Slurm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => h.output = Some(String::new()),
             Err(e) => {
                 return Err(failure(
-                    "provider-error",
+                    FailureCode::ProviderError,
                     format!("providers.{}: cannot read the job output {}: {e}", self.name, path.display()),
                 ))
             }
@@ -464,10 +469,14 @@ impl Provider for Slurm {
     fn call(&self, c: &Call) -> Result<Handle, ProviderError> {
         match (c.op, c.start) {
             (Operation::Start, Some(s)) => self.start(c, s),
-            (Operation::Start, None) => Err(failure("malformed-request", "a start request without its `start` object")),
+            (Operation::Start, None) => {
+                Err(failure(FailureCode::MalformedRequest, "a start request without its `start` object"))
+            }
             (Operation::FollowUp, _) => match c.follow_up {
                 Some(f) => self.follow_up(c, f),
-                None => Err(failure("malformed-request", "a follow-up request without its `followUp` object")),
+                None => {
+                    Err(failure(FailureCode::MalformedRequest, "a follow-up request without its `followUp` object"))
+                }
             },
             (Operation::Status | Operation::Reattach, _) => self.known(c),
             (Operation::Result, _) => self.result(c),
@@ -489,7 +498,7 @@ impl Provider for Slurm {
             Ok((true, out, _)) if !out.trim().is_empty() => Ok(format!("sinfo: {}", out.lines().collect::<Vec<_>>().join("; "))),
             Ok((true, _, _)) => Err(CheckError::Failed(format!("providers.{}: sinfo reports no partitions; configure one in slurm.conf", self.name))),
             Ok((false, _, err)) => Err(CheckError::Failed(format!("providers.{}: sinfo failed: {}; is slurmctld running and SLURM_CONF right?", self.name, tail_text(&err, 400)))),
-            Err(f) if f.code == "provider-timeout" => Err(CheckError::Failed(format!(
+            Err(f) if FailureCode::ProviderTimeout.is(&f.code) => Err(CheckError::Failed(format!(
                 "providers.{}: sinfo did not answer within 15 s; is slurmctld running and SLURM_CONF (or /etc/slurm/slurm.conf) right?",
                 self.name
             ))),
@@ -499,7 +508,7 @@ impl Provider for Slurm {
 }
 
 fn script_path(run_dir: &Path, i: usize) -> PathBuf {
-    run_dir.join(format!("external-job-{i}.sbatch"))
+    RunPaths::slurm_script(run_dir, i)
 }
 
 /// Parse `scontrol -o show job` lines (one job per line).
@@ -568,7 +577,7 @@ mod tests {
         assert_eq!(f, vec!["--partition=debug", "--account=lab", "--time=00:10:00", "--cpus-per-task=2", "--mem=512M"]);
         let o: serde_json::Map<String, Value> = serde_json::from_str(r#"{"gpus":1}"#).unwrap();
         let e = sbatch_flags(&o).unwrap_err();
-        assert_eq!(e.code, "invalid-option");
+        assert_eq!(e.code, FailureCode::InvalidOption.as_str());
         assert!(e.message.contains("options.gpus"), "{}", e.message);
         let o: serde_json::Map<String, Value> = serde_json::from_str(r#"{"partition":"a b"}"#).unwrap();
         assert!(sbatch_flags(&o).unwrap_err().message.contains("options.partition"));

@@ -11,7 +11,7 @@ use crate::protocol::seg::seg;
 use crate::protocol::status::{terminal_marker_name, Status, TerminalMarker};
 
 fn alias_dir(l: &Layout, tool_call_id: &str) -> PathBuf {
-    l.active().join("tool-calls").join(seg(tool_call_id))
+    l.tool_call_aliases().join(seg(tool_call_id))
 }
 
 pub fn mark_active(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
@@ -19,7 +19,7 @@ pub fn mark_active(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     if let Some(tc) = &s.tool_call_id {
         // The alias is optional: its failure never blocks the run.
         let dir = alias_dir(l, tc);
-        let r = mkdir_private(&l.active().join("tool-calls"))
+        let r = mkdir_private(&l.tool_call_aliases())
             .and_then(|_| mkdir_private(&dir))
             .and_then(|_| fsutil::touch(&dir.join(id.as_str())));
         if let Err(e) = r {
@@ -288,7 +288,7 @@ struct RecentCache {
 fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
     use std::os::unix::fs::MetadataExt;
     let Ok(md) = std::fs::metadata(dir) else { return (vec![], true) };
-    let cache_path = dir.file_name().map(|n| l.daemon_dir().join("recent-cache").join(n));
+    let cache_path = dir.file_name().map(|n| l.recent_cache().join(n));
     if let Some(cp) = &cache_path {
         if let Ok(bytes) = fsutil::read_nofollow(cp, 1 << 20) {
             if let Ok(c) = serde_json::from_slice::<RecentCache>(&bytes) {
@@ -315,8 +315,7 @@ fn newest_names(l: &Layout, dir: &Path, want: usize) -> (Vec<String>, bool) {
             names: names.clone(),
         };
         if let Ok(bytes) = serde_json::to_vec(&c) {
-            let _ = fsutil::mkdir_private_all(&l.daemon_dir().join("recent-cache"))
-                .and_then(|_| fsutil::write_atomic(cp, &bytes, false));
+            let _ = fsutil::mkdir_private_all(&l.recent_cache()).and_then(|_| fsutil::write_atomic(cp, &bytes, false));
         }
     }
     let all = total <= want;

@@ -83,6 +83,58 @@ impl Layout {
     pub fn daemon_json(&self) -> PathBuf {
         self.root.join("runspool/daemon.json")
     }
+    /// `runspool/queue.json`: pause and max-running of the queue (PROTOCOL §15).
+    pub fn queue_json(&self) -> PathBuf {
+        self.root.join("runspool/queue.json")
+    }
+    /// `runspool/queue.lock`: held by a client's read-modify-write of queue.json.
+    pub fn queue_lock(&self) -> PathBuf {
+        self.root.join("runspool/queue.lock")
+    }
+    /// `runspool/storage-reserve`: the space the daemon keeps for a full disk.
+    pub fn storage_reserve(&self) -> PathBuf {
+        self.root.join("runspool/storage-reserve")
+    }
+    /// `runspool/hooks-pending/`: hooks owed by runs that ended.
+    pub fn hooks_pending(&self) -> PathBuf {
+        self.root.join("runspool/hooks-pending")
+    }
+    /// `runspool/hooks-running/`: hooks started and not yet finished.
+    pub fn hooks_running(&self) -> PathBuf {
+        self.root.join("runspool/hooks-running")
+    }
+    /// `runspool/recent-cache/`: the newest names of large directories.
+    pub fn recent_cache(&self) -> PathBuf {
+        self.root.join("runspool/recent-cache")
+    }
+    /// `<active>/tool-calls/`: the active runs by tool call (PROTOCOL §6.1).
+    pub fn tool_call_aliases(&self) -> PathBuf {
+        self.active().join("tool-calls")
+    }
+    /// `<results>/result-pending/`: result payloads staged before their promotion (PROTOCOL §7).
+    pub fn result_pending(&self) -> PathBuf {
+        self.results().join("result-pending")
+    }
+    /// `<results>/result-index/`: the indexes of the result files (PROTOCOL §7).
+    pub fn result_index(&self) -> PathBuf {
+        self.results().join("result-index")
+    }
+    /// `<results>/result-index/sessions/`: results by session.
+    pub fn result_index_sessions(&self) -> PathBuf {
+        self.result_index().join("sessions")
+    }
+    /// `<results>/result-index/runs/`: results by run.
+    pub fn result_index_runs(&self) -> PathBuf {
+        self.result_index().join("runs")
+    }
+    /// `<results>/result-index/tool-calls/`: results by tool call.
+    pub fn result_index_tool_calls(&self) -> PathBuf {
+        self.result_index().join("tool-calls")
+    }
+    /// `<results>/result-index/observers/mission/`: results of runs with a mission.
+    pub fn result_index_mission(&self) -> PathBuf {
+        self.result_index().join("observers/mission")
+    }
 
     /// `spool/rejected/<name>`: a rejected entry, or its error file.
     pub fn rejected_entry(&self, name: &str) -> PathBuf {
@@ -130,11 +182,11 @@ pub struct RunId(String);
 
 impl RunId {
     /// Longest run-directory name (a file name's limit; requests allow 128).
-    pub const MAX: usize = 255;
+    pub const MAX: usize = crate::protocol::ids::RUN_ID_MAX;
 
     /// `s` when it is a valid run-directory name, else None.
     pub fn parse(s: &str) -> Option<RunId> {
-        crate::protocol::is_id(s, Self::MAX).then(|| RunId(s.to_string()))
+        crate::protocol::ids::run_id_grammar(s).then(|| RunId(s.to_string()))
     }
 
     /// The run of `dir`, the path of a run directory: its last component
@@ -151,6 +203,14 @@ impl RunId {
     /// event) names this run.
     pub fn names(&self, claimed: &str) -> bool {
         self.0 == claimed
+    }
+}
+
+/// The run a launch request asks for by its `runId` (a spool body or a
+/// claim's request, PROTOCOL §2.3): its grammar is a run directory's, shorter.
+impl From<crate::protocol::ids::RequestedRunId> for RunId {
+    fn from(id: crate::protocol::ids::RequestedRunId) -> RunId {
+        RunId(id.into_string())
     }
 }
 
@@ -238,6 +298,32 @@ impl RunPaths {
     }
     pub fn output(d: &Path, i: usize) -> PathBuf {
         d.join(format!("output-{i}.log"))
+    }
+    /// The record of the run's end-of-run hook, and the hook's output.
+    pub fn hook_json(d: &Path) -> PathBuf {
+        d.join("hook.json")
+    }
+    pub fn hook_log(d: &Path) -> PathBuf {
+        d.join("hook.log")
+    }
+    /// `mission.json`: a pi run with a mission (its result is indexed for the observer).
+    pub fn mission(d: &Path) -> PathBuf {
+        d.join("mission.json")
+    }
+    /// Slurm: the batch script of step `i`'s start, of a follow-up, and the
+    /// job's output (`%j` for sbatch to fill in, or the job id).
+    pub fn slurm_script(d: &Path, i: usize) -> PathBuf {
+        d.join(format!("external-job-{i}.sbatch"))
+    }
+    pub fn slurm_follow_up_script(d: &Path, i: usize, tag: &str) -> PathBuf {
+        d.join(format!("external-job-{i}-fu-{tag}.sbatch"))
+    }
+    pub fn slurm_output(d: &Path, job: &str) -> PathBuf {
+        d.join(format!("slurm-{job}.out"))
+    }
+    /// An external step's result, when the provider gives no `artifactPath` (PROTOCOL §8.3).
+    pub fn external_result(d: &Path, i: usize) -> PathBuf {
+        d.join(format!("external-job-{i}.result.md"))
     }
     /// The runner's own stdout and stderr.
     pub fn runner_stdout_log(d: &Path) -> PathBuf {

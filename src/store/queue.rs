@@ -32,7 +32,7 @@ pub struct QueueFile {
 }
 
 pub fn path(l: &Layout) -> PathBuf {
-    l.daemon_dir().join("queue.json")
+    l.queue_json()
 }
 
 /// What identifies one version of the file cheaply (one lstat): device,

@@ -71,11 +71,10 @@ pub fn tail(path: &std::path::Path, max: u64) -> String {
 /// `toolCallId`, by tool call
 /// (`result-index/tool-calls/<seg(toolCallId)>/<seg250(runId)>.json`).
 pub fn result_index_paths(l: &Layout, id: &RunId, session_id: &str, tool_call_id: Option<&str>) -> Vec<PathBuf> {
-    let index = l.results().join("result-index");
     let name = format!("{}.json", seg250(id));
-    let mut out = vec![index.join("sessions").join(seg(session_id)).join(&name), index.join("runs").join(&name)];
+    let mut out = vec![l.result_index_sessions().join(seg(session_id)).join(&name), l.result_index_runs().join(&name)];
     if let Some(t) = tool_call_id.filter(|t| !t.is_empty()) {
-        out.push(index.join("tool-calls").join(seg(t)).join(&name));
+        out.push(l.result_index_tool_calls().join(seg(t)).join(&name));
     }
     out
 }
@@ -86,7 +85,7 @@ pub fn result_index_paths(l: &Layout, id: &RunId, session_id: &str, tool_call_id
 pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     let r = build_result(l, id, s);
     let public = l.result_file(id);
-    let pending_dir = l.results().join("result-pending").join(seg(&s.session_id));
+    let pending_dir = l.result_pending().join(seg(&s.session_id));
     mkdir_private_all(&pending_dir)?;
     let pending = pending_dir.join(format!("{}.json", seg250(id)));
     fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;

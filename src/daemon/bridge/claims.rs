@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::work::{complete_after, respond_in_loop, spawn_worker, to_json, Work};
-use super::Bridge;
-use crate::protocol::bridge::{ClaimOwner, Handle, Operation, Request, MAX_REQUEST_BYTES};
+use super::{Bridge, RequestKey};
+use crate::protocol::bridge::{ClaimOwner, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
 use crate::providers::{self, Provider};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::{ClaimPaths, RunPaths};
@@ -66,7 +66,7 @@ impl Bridge {
         }
         let _ = fsutil::remove_if_exists(&path);
         tracing::info!(run_id, request = %id, provider = %req.provider, op = req.operation.as_str(), "claimed a dispatch request");
-        let key = (run_id.to_string(), id.clone());
+        let key = RequestKey::new(run_id, &id);
         self.inflight.insert(key.clone());
         let work = Work {
             tx: self.tx.clone(),
@@ -112,7 +112,7 @@ impl Bridge {
         if !self.servicer_gone(&claim, owner.as_ref()) {
             return false;
         }
-        let key = (run_id.to_string(), id.to_string());
+        let key = RequestKey::new(run_id, id);
         if self.retry_at.get(&key).is_some_and(|t| Instant::now() < *t) {
             return false;
         }
@@ -151,7 +151,7 @@ impl Bridge {
         let _ = fsutil::write_atomic(&ClaimPaths::owner(&claim), &to_json(&owner), true);
         let abandoned = |why: &str| {
             providers::failure(
-                &format!("{}-dispatch-abandoned", op.as_str()),
+                FailureCode::dispatch_abandoned(op),
                 format!(
                     "the servicer of {op} request {id} ({dead}) died before saving the job handle, and {why}; runspool never dispatches a {op} twice. \
                      Check the engine for a job of run {run_id} and cancel it if it still runs",
@@ -207,7 +207,7 @@ impl Bridge {
     fn complete_in_loop(&mut self, w: &mut Writer, run_id: &str, id: &str, claim: &Path) {
         complete_after(w, claim);
         if !w.is_idle() {
-            self.deferred.insert((run_id.to_string(), id.to_string()), None);
+            self.deferred.insert(RequestKey::new(run_id, id), None);
         }
     }
 }

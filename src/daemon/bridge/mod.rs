@@ -19,7 +19,8 @@ use serde_json::Value;
 use super::hint::Hint;
 use super::watch::Watch;
 use crate::config::Config;
-use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
+use crate::protocol::bridge::{parse_request, Failure, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
+use crate::protocol::ids::BridgeRequestId;
 use crate::providers::{self, Provider, Providers};
 use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
@@ -58,21 +59,21 @@ pub struct Bridge {
     providers: Providers,
     tx: Sender<Hint>,
     me: Me,
-    inflight: HashSet<(String, String)>,
+    inflight: HashSet<RequestKey>,
     dirty: BTreeSet<String>,
     next_full: Instant,
-    retry_at: HashMap<(String, String), Instant>,
+    retry_at: HashMap<RequestKey, Instant>,
     watched: HashSet<String>,
     launched: HashMap<String, bool>,
     /// Request entries that are not regular files and could not be removed
     /// (a non-empty directory): answered once, then skipped while the same
     /// entry (device, inode) stays in place.
-    refused: HashSet<(String, String, u64, u64)>,
+    refused: HashSet<(RequestKey, EntryId)>,
     /// Requests answered on the loop whose response, or what follows it,
     /// still waits in the writer for space: not answered again meanwhile.
     /// A non-regular entry carries its (device, inode), to be `refused` if
     /// it is still in place once the writer is done.
-    deferred: HashMap<(String, String), Option<(u64, u64)>>,
+    deferred: HashMap<RequestKey, Option<EntryId>>,
     /// Requests of runs we did not launch, for providers we lack (§8.2:
     /// left alone), by run and request id, with the file's identity when
     /// it was read: not read, parsed and hashed again while it stays the same.
@@ -80,6 +81,32 @@ pub struct Bridge {
     left_alone_len: usize,
     /// What is left of this turn's `READ_BUDGET`.
     budget: u64,
+}
+
+/// One bridge request: the run it is in and its id (its file name without `.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RequestKey {
+    run_id: String,
+    id: String,
+}
+
+impl RequestKey {
+    fn new(run_id: &str, id: &str) -> RequestKey {
+        RequestKey { run_id: run_id.to_string(), id: id.to_string() }
+    }
+}
+
+/// Which file a directory entry is: its device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct EntryId {
+    dev: u64,
+    ino: u64,
+}
+
+impl EntryId {
+    fn of(md: &std::fs::Metadata) -> EntryId {
+        EntryId { dev: md.dev(), ino: md.ino() }
+    }
 }
 
 /// A request file's identity from its `lstat` before the read: a file
@@ -158,7 +185,7 @@ impl Bridge {
 
     /// A worker finished (or a recovery lookup failed and should be retried later).
     pub fn done(&mut self, run_id: String, id: String, retry: bool) {
-        let key = (run_id.clone(), id);
+        let key = RequestKey { run_id: run_id.clone(), id };
         self.inflight.remove(&key);
         if retry {
             self.retry_at.insert(key, Instant::now() + RECOVERY_RETRY);
@@ -198,12 +225,12 @@ impl Bridge {
             keep
         });
         self.launched.retain(|r, _| running.contains(r.as_str()));
-        self.retry_at.retain(|(r, _), _| running.contains(r.as_str()));
-        self.refused.retain(|(r, ..)| running.contains(r.as_str()));
+        self.retry_at.retain(|k, _| running.contains(k.run_id.as_str()));
+        self.refused.retain(|(k, _)| running.contains(k.run_id.as_str()));
         if w.is_idle() {
             self.settle_deferred(layout);
         }
-        self.deferred.retain(|(r, _), _| running.contains(r.as_str()));
+        self.deferred.retain(|k, _| running.contains(k.run_id.as_str()));
         self.left_alone.retain(|r, _| running.contains(r.as_str()));
         self.left_alone_len = self.left_alone.values().map(HashMap::len).sum();
         self.budget = READ_BUDGET;
@@ -264,7 +291,7 @@ impl Bridge {
         let mut capped = false;
         claims.sort();
         for id in &claims {
-            let key = (run_id.to_string(), id.clone());
+            let key = RequestKey::new(run_id, id);
             if self.inflight.contains(&key)
                 || self.deferred.contains_key(&key)
                 || ClaimPaths::completed(&RunPaths::bridge_claim(&dir, id)).exists()
@@ -311,13 +338,13 @@ impl Bridge {
         let mut alone = HashMap::new();
         let mut found = Vec::new();
         for id in requests {
-            let key = (run_id.to_string(), id.clone());
+            let key = RequestKey::new(run_id, &id);
             if self.inflight.contains(&key) || self.deferred.contains_key(&key) {
                 continue;
             }
             let path = RunPaths::bridge_request(dir, &id);
             let Ok(md) = std::fs::symlink_metadata(&path) else { continue };
-            if self.refused.contains(&(run_id.to_string(), id.clone(), md.dev(), md.ino())) {
+            if self.refused.contains(&(RequestKey::new(run_id, &id), EntryId::of(&md))) {
                 continue;
             }
             let file = FileId::of(&md);
@@ -399,7 +426,7 @@ impl Bridge {
                 let op = raw.get("operation").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 let prov = raw.get("provider").and_then(Value::as_str).unwrap_or("unknown").to_string();
                 tracing::warn!(run_id, request = id, error = %msg, "malformed bridge request");
-                let f = providers::failure("malformed-request", format!("{}: {msg}", path.display()));
+                let f = providers::failure(FailureCode::MalformedRequest, format!("{}: {msg}", path.display()));
                 self.answer_and_remove(w, Answer { run_id, dir, id, op: &op, provider: &prov }, Err(f));
                 return;
             }
@@ -407,7 +434,7 @@ impl Bridge {
         let Some((provider, limit)) = self.providers.get(&req.provider).cloned() else {
             if self.launched_by_us(run_id, dir) {
                 let f = providers::failure(
-                    "provider-unavailable",
+                    FailureCode::ProviderUnavailable,
                     format!(
                         "provider `{}` is not configured in this runspool daemon; add [providers.{}] to its config file and send SIGHUP",
                         req.provider, req.provider
@@ -435,7 +462,7 @@ impl Bridge {
                 if !path.exists() {
                     return;
                 }
-                let key = (run_id.to_string(), id.to_string());
+                let key = RequestKey::new(run_id, id);
                 self.inflight.insert(key.clone());
                 let work = Work {
                     tx: self.tx.clone(),
@@ -473,7 +500,7 @@ impl Bridge {
                 // Removed once the response lands, under the lock taken again then.
                 drop(lock);
                 remove_answered(w, dir, id, true);
-                self.deferred.insert((run_id.to_string(), id.to_string()), None);
+                self.deferred.insert(RequestKey::new(run_id, id), None);
             }
             Err(_) => {}
         }
@@ -494,7 +521,7 @@ impl Bridge {
             Ok(true) => {}
             Ok(false) => {
                 remove_answered(w, dir, id, false);
-                self.deferred.insert((run_id.to_string(), id.to_string()), Some((md.dev(), md.ino())));
+                self.deferred.insert(RequestKey::new(run_id, id), Some(EntryId::of(&md)));
                 return;
             }
             Err(_) => return,
@@ -504,7 +531,7 @@ impl Bridge {
             if e.kind() != io::ErrorKind::NotFound {
                 tracing::warn!(run_id, request = id, path = %path.display(), error = %e,
                     "cannot remove a bridge request that is not a regular file; answered once, ignored from now on");
-                self.refused.insert((run_id.to_string(), id.to_string(), md.dev(), md.ino()));
+                self.refused.insert((RequestKey::new(run_id, id), EntryId::of(&md)));
             }
         }
     }
@@ -514,12 +541,12 @@ impl Bridge {
     /// removed, so it is answered once and ignored from now on, as when its
     /// answer is written at once (`answer_non_regular`).
     fn settle_deferred(&mut self, layout: &Layout) {
-        for ((run_id, id), entry) in self.deferred.drain() {
-            let Some((dev, ino)) = entry else { continue };
-            let Some(rid) = RunId::parse(&run_id) else { continue };
-            let path = RunPaths::bridge_request(&layout.run_dir(&rid), &id);
-            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
-                self.refused.insert((run_id, id, dev, ino));
+        for (key, entry) in self.deferred.drain() {
+            let Some(entry) = entry else { continue };
+            let Some(rid) = RunId::parse(&key.run_id) else { continue };
+            let path = RunPaths::bridge_request(&layout.run_dir(&rid), &key.id);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| EntryId::of(&m) == entry) {
+                self.refused.insert((key, entry));
             }
         }
     }
@@ -567,7 +594,7 @@ impl Listing {
                 continue;
             }
             if let Some(stem) = name.strip_suffix(".json") {
-                if crate::protocol::is_id(stem, MAX_REQUEST_ID) {
+                if BridgeRequestId::is_valid(stem) {
                     l.requests.push(stem.to_string());
                 }
             } else if !d.kind(&name).is_ok_and(|k| k == Kind::Dir) {

@@ -8,7 +8,7 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use super::Hint;
-use crate::protocol::bridge::{validate_handle, Completed, Failure, Handle, Operation, Request, Response};
+use crate::protocol::bridge::{validate_handle, Completed, Failure, FailureCode, Handle, Operation, Request, Response};
 use crate::providers::{self, Call, Provider};
 use crate::store::fsutil;
 use crate::store::layout::{ClaimPaths, RunPaths};
@@ -45,7 +45,7 @@ impl Work {
         }))
         .unwrap_or_else(|_| {
             Err(providers::failure(
-                "provider-error",
+                FailureCode::ProviderError,
                 format!("provider `{}` panicked during {}", req.provider, op.as_str()),
             ))
         })?;
@@ -53,7 +53,7 @@ impl Work {
             Some(h) => match validate_handle(&h, op) {
                 Ok(()) => Ok(Some(h)),
                 Err(e) => Err(providers::failure(
-                    "provider-error",
+                    FailureCode::ProviderError,
                     format!("provider `{}` returned an invalid handle for {}: {e}", req.provider, op.as_str()),
                 )),
             },

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::daemon::deps::Dep;
 use crate::platform::rename_noreplace;
-use crate::protocol::is_id;
+use crate::protocol::ids::RequestedRunId;
 use crate::protocol::request::{self, Context, Rejection, RejectionCode, Request, MAX_REQUEST_BYTES};
 use crate::protocol::status::Status;
 use crate::store::fsutil::{self, fsync_dir, is_capacity};
@@ -90,7 +90,7 @@ impl Claimer<'_> {
             Ok(r) => r,
             Err(r) => {
                 let run_id =
-                    value.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse);
+                    value.get("runId").and_then(Value::as_str).and_then(RequestedRunId::parse).map(RunId::from);
                 return self.reject_seen(&path, name, r, run_id.map(|id| (id, value.clone())), seen);
             }
         };

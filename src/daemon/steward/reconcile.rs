@@ -233,7 +233,9 @@ fn read_json_file(p: &Path) -> R<JsVal> {
 }
 
 struct Paths {
-    results: PathBuf,
+    /// `<results>/result-pending/` and `<results>/result-index/sessions/`.
+    pending: PathBuf,
+    index_sessions: PathBuf,
     result: PathBuf,
     /// The run directory as 0.67 names it (`asyncDir`).
     async_dir: String,
@@ -251,7 +253,8 @@ fn paths(run: &Run) -> R<Paths> {
         result: results.join(&name),
         async_dir: node_path(&run.dir())?,
         result_str: format!("{}/{name}", node_path(&results)?),
-        results,
+        pending: run.layout.result_pending(),
+        index_sessions: run.layout.result_index_sessions(),
     })
 }
 
@@ -259,7 +262,7 @@ fn pending_aliases(p: &Paths, session: &str, run_id: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for s in seg_aliases(session, 255) {
         for r in seg_aliases(run_id, STEM_MAX) {
-            out.push(p.results.join("result-pending").join(&s).join(format!("{r}.json")));
+            out.push(p.pending.join(&s).join(format!("{r}.json")));
         }
     }
     out
@@ -277,7 +280,7 @@ fn existing_result(p: &Paths, session: Option<&str>, run_id: &str) -> R<Option<P
         }
         'entries: for s in seg_aliases(session, 255) {
             for r in seg_aliases(run_id, STEM_MAX) {
-                let ip = p.results.join("result-index/sessions").join(&s).join(format!("{r}.json"));
+                let ip = p.index_sessions.join(&s).join(format!("{r}.json"));
                 if !regular_or_absent(&ip)? {
                     continue;
                 }
@@ -538,7 +541,7 @@ fn failed_repair(run: &Run, p: &Paths, status: &JsObj, now: f64, reason: Option<
     if let Some(session) = &session {
         // writeAsyncResultFile: pending payload, indexes, then the promotion.
         let stem = format!("{}.json", seg_max(run_id, STEM_MAX));
-        let pending = p.results.join("result-pending").join(seg(session)).join(&stem);
+        let pending = p.pending.join(seg(session)).join(&stem);
         ops.push(json_op(pending.clone(), &JsVal::Obj(result), true)?);
         ops.extend(result_index_ops(run, p, session, &stem, now)?);
         ops.push(Op::Promote { from: pending, to: p.result.clone() });
@@ -581,14 +584,13 @@ fn result_index_ops(run: &Run, p: &Paths, session: &str, stem: &str, now: f64) -
         ("writtenAt", JsVal::Num(now)),
         ("asyncDir", jstr(&p.async_dir)),
     ]));
-    let idx = p.results.join("result-index");
     let mut ops = vec![
-        json_op(idx.join("sessions").join(seg(session)).join(stem), &entry, true)?,
-        json_op(idx.join("runs").join(stem), &entry, false)?,
+        json_op(p.index_sessions.join(seg(session)).join(stem), &entry, true)?,
+        json_op(run.layout.result_index_runs().join(stem), &entry, false)?,
     ];
     // fs.existsSync follows links: only whether something is there.
-    if std::fs::metadata(run.dir().join("mission.json")).is_ok() {
-        ops.push(json_op(idx.join("observers/mission").join(stem), &entry, false)?);
+    if std::fs::metadata(RunPaths::mission(&run.dir())).is_ok() {
+        ops.push(json_op(run.layout.result_index_mission().join(stem), &entry, false)?);
     }
     Ok(ops)
 }
@@ -840,7 +842,7 @@ fn append_event(path: &Path, line: &str) -> io::Result<()> {
 /// alias directory, and every alias directory left empty.
 fn release_active(run: &Run) -> io::Result<()> {
     fsutil::remove_if_exists(&run.layout.active_marker(run.id))?;
-    let root = run.layout.active().join("tool-calls");
+    let root = run.layout.tool_call_aliases();
     if !std::fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
         return Ok(());
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Ctl, Kind, Msg, Outcome, Plan, Post, Report};
-use crate::protocol::bridge::{validate_handle, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::protocol::bridge::{validate_handle, FailureCode, Handle, JobState, Operation, Request, Response, StartInput};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
@@ -246,7 +246,7 @@ impl Driver {
                     self.publish(Some(format!("job {jid}: result in {p}")));
                     return Ok(Some(p.clone()));
                 }
-                let path = self.dir.join(format!("external-job-{}.result.md", self.i));
+                let path = RunPaths::external_result(&self.dir, self.i);
                 match fsutil::write_atomic(&path, h.output.as_deref().unwrap_or("").as_bytes(), true) {
                     Ok(()) => {
                         self.publish(Some(format!("job {jid}: result in {}", path.display())));
@@ -342,7 +342,7 @@ impl Driver {
                 }
                 Err(e) => {
                     return Err(Fail::Bridge {
-                        code: "bridge-io".into(),
+                        code: FailureCode::BridgeIo.into(),
                         message: format!("cannot write {}: {e}; check the run directory", path.display()),
                     })
                 }
@@ -370,7 +370,7 @@ impl Driver {
             if grace_until.is_some_and(|t| Instant::now() >= t) {
                 self.abandoned.push(id.clone());
                 return Err(Fail::Bridge {
-                    code: "bridge-no-answer".into(),
+                    code: FailureCode::BridgeNoAnswer.into(),
                     message: format!(
                         "no answer to {} request {id} within {} s of the stop; is the runspool daemon running? If a job was started, cancel it by hand",
                         op.as_str(),
@@ -402,18 +402,18 @@ impl Driver {
 fn answer(r: Response, op: Operation) -> Result<Handle, Fail> {
     if !r.ok {
         return Err(Fail::Bridge {
-            code: r.code.unwrap_or_else(|| "provider-error".into()),
+            code: r.code.unwrap_or_else(|| FailureCode::ProviderError.into()),
             message: r.message.unwrap_or_else(|| "the provider gave no message".into()),
         });
     }
     let Some(h) = r.result else {
         return Err(Fail::Bridge {
-            code: "provider-error".into(),
+            code: FailureCode::ProviderError.into(),
             message: format!("the answer to {} has ok: true but no result", op.as_str()),
         });
     };
     validate_handle(&h, op).map_err(|e| Fail::Bridge {
-        code: "provider-error".into(),
+        code: FailureCode::ProviderError.into(),
         message: format!("invalid handle in the answer to {}: {e}", op.as_str()),
     })?;
     Ok(h)

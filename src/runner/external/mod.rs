@@ -23,7 +23,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Map, Value};
 
 use super::post::{Msg, Post, Report};
-use crate::protocol::bridge::{digest, Operation, StartInput};
+use crate::protocol::bridge::{digest, FailureCode, Operation, StartInput};
 use crate::protocol::request::{ExternalJob, Step};
 use crate::protocol::status::Status;
 use crate::store::fsutil;
@@ -209,7 +209,7 @@ fn plan(
                     Ok(Plan::Reattach(jid.to_string()))
                 }
                 Some(jid) => Err((
-                    "recovery-mismatch",
+                    FailureCode::RecoveryMismatch.as_str(),
                     format!(
                         "status.json records job {jid} of provider `{}` with prompt digest {}, but step {i} asks provider `{}` with digest {dg}; \
                          runspool will not attach this step to another job: resubmit the run",
@@ -219,7 +219,7 @@ fn plan(
                     ),
                 )),
                 None if p.contains_key("startRequestId") || p.get("state").and_then(Value::as_str).is_some_and(|s| s != "pending") => Err((
-                    "start-redispatch-blocked",
+                    FailureCode::StartRedispatchBlocked.as_str(),
                     format!(
                         "an earlier start of step {i} (request {}) ended without a job id; runspool never sends a start twice, \
                          because the first may have started a job: check provider `{}` for it, then resubmit the run",

@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::platform::rename_noreplace;
-use crate::protocol::is_id;
+use crate::protocol::ids::RequestName;
 use crate::protocol::request::{Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::store::RunId;
 
@@ -35,11 +35,11 @@ pub fn classify_name(name: &str) -> Name {
         return Name::Ignored;
     }
     if let Some(stem) = name.strip_suffix(".json") {
-        if is_id(stem, 200) {
+        if RequestName::is_valid(stem) {
             return Name::Candidate;
         }
     }
-    if is_id(name, 200) {
+    if RequestName::is_valid(name) {
         Name::Ignored
     } else {
         Name::Bad
@@ -139,7 +139,7 @@ pub fn same_file(path: &Path, md: &std::fs::Metadata) -> bool {
 pub fn republish(from: &Path, spool: &Path, name: &str) -> io::Result<()> {
     let stem = name.strip_suffix(".json").unwrap_or(name);
     let mut candidates = vec![name.to_string()];
-    candidates.extend((1..=8).map(|n| format!("{stem}-{n}")).filter(|s| is_id(s, 200)).map(|s| s + ".json"));
+    candidates.extend((1..=8).map(|n| format!("{stem}-{n}")).filter(|s| RequestName::is_valid(s)).map(|s| s + ".json"));
     candidates.push(format!("r{}.json", uuid::Uuid::new_v4().simple()));
     let mut last = io::Error::other("no free name in the spool");
     for c in candidates {
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(id, claim_id(&std::fs::metadata(&p).unwrap(), "a.json"));
         let u = uuid::Uuid::parse_str(&id).unwrap();
         assert_eq!(u.get_version_num(), 4, "{id} must look like the UUID v4 docs/protocol.md §2.2 promises");
-        assert!(is_id(&id, 128));
+        assert!(crate::protocol::ids::RequestedRunId::is_valid(&id));
         assert_ne!(id, claim_id(&md, "b.json"));
         // A new file under the same name is a new request.
         let keep = d.path().join("keep");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::platform::rename_noreplace;
-use crate::protocol::is_id;
+use crate::protocol::ids::RequestedRunId;
 use crate::protocol::request::{self, Context, Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, fsync_dir, mkdir_private};
@@ -450,7 +450,7 @@ fn finish_rejected_run(
     }
     let Ok(raw) = fsutil::read_nofollow(entry, MAX_REQUEST_BYTES + 1) else { return false };
     let Ok(body) = serde_json::from_slice::<Value>(&raw) else { return true };
-    let Some(id) = body.get("runId").and_then(Value::as_str).filter(|s| is_id(s, 128)).and_then(RunId::parse) else {
+    let Some(id) = body.get("runId").and_then(Value::as_str).and_then(RequestedRunId::parse).map(RunId::from) else {
         return true;
     };
     if std::fs::symlink_metadata(l.run_dir(&id)).is_ok() {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::protocol::is_id;
+use crate::protocol::ids::RequestedRunId;
 use crate::protocol::request::{Rejection, RejectionCode, MAX_REQUEST_BYTES};
 use crate::store::fsutil::{self};
 use crate::store::{Layout, Writer};
@@ -91,8 +91,8 @@ pub fn withdraw(l: &Layout, name: &str, message: &str) -> io::Result<Withdrawal>
         .as_ref()
         .and_then(|b| b.get("runId"))
         .and_then(Value::as_str)
-        .filter(|s| is_id(s, 128))
-        .and_then(crate::store::RunId::parse);
+        .and_then(RequestedRunId::parse)
+        .map(crate::store::RunId::from);
     // Before any daemon ran, the CLI makes what it writes into (0700, as the daemon would).
     for d in [l.rejected(), l.runs(), l.terminal()] {
         fsutil::mkdir_private_all(&d)?;
