@@ -524,7 +524,7 @@ pub fn main() -> i32 {
             let level =
                 crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_else(|_| "info".into());
             crate::logging::init(&level, true);
-            crate::daemon::report::take_service_env();
+            crate::platform::sdnotify::take_service_env();
             let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
                 Ok(d) => d,
                 Err(e) => {

@@ -7,8 +7,8 @@
 //! - `scheduler`: the queue, priorities, `max_running`, queue control, queued-run control;
 //! - `supervisor`: runner slots, reaping, liveness, repair of dead runs;
 //! - `recovery`: start-up adoption, run-directory slices, unfinished claims, rescans;
-//! - `storage`: may we claim (safe directories, free space);
-//! - `report`: daemon.json, sd_notify, the watchdog;
+//! - `storage`: may we claim (safe directories, free space), the storage reserve;
+//! - `report`: daemon.json, `STATUS=` and the watchdog's feed;
 //! - `metrics`: the log line of each run's end, and the `metrics_file`;
 //! - `steward`: pi-subagents runs whose runner is gone, reconciled as 0.67 would (§14.1);
 //! - `bridge`, `hooks`, `retention`, `watch` (file events as `Hint`s).
@@ -117,7 +117,7 @@ impl Daemon {
 
     /// The event loop. Returns when asked to stop (SIGTERM/SIGINT).
     pub fn run(mut self) -> i32 {
-        report::sd_notify("READY=1");
+        crate::platform::sdnotify::sd_notify("READY=1");
         while !self.stopping {
             self.turn();
             let timeout = self.next_wake().saturating_duration_since(Instant::now());
@@ -247,6 +247,7 @@ impl Daemon {
         self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.steward.turn(&mut env!(self));
+        self.storage.turn();
         self.write_report(false);
         self.report.turn();
     }
@@ -286,6 +287,7 @@ impl Daemon {
                 Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
+                Effect::SpendReserve(path) => self.storage.spend_reserve(&mut self.w, &path),
             }
         }
     }
@@ -367,7 +369,9 @@ impl Daemon {
     fn write_report(&mut self, force: bool) {
         let facts = self.facts();
         self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
-        self.report.write(&mut self.w, &self.layout, &self.watch, facts, force);
+        let mut out = Vec::new();
+        self.report.write(&mut env!(self), facts, force, &mut out);
+        self.apply(out);
     }
 
     fn facts(&self) -> report::Facts {
@@ -388,7 +392,7 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) {
-        report::sd_notify("STOPPING=1");
+        crate::platform::sdnotify::sd_notify("STOPPING=1");
         // daemon.json's updatedAt tells the next daemon until when run ends were seen.
         self.write_report(true);
         // Flush deferred writes for a little while; whatever is left is

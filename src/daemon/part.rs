@@ -36,4 +36,7 @@ pub enum Effect {
     Unfinished(RunId),
     /// Look at the spool again now.
     ClaimAgain,
+    /// This write (daemon.json) must not wait for room: spend the storage
+    /// reserve on it.
+    SpendReserve(std::path::PathBuf),
 }

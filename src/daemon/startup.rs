@@ -59,7 +59,7 @@ impl Daemon {
             supervisor: Supervisor::new(RunnerProgram::find(&exe)),
             scheduler: Default::default(),
             intake: spool::Intake::default(),
-            storage: Storage::new(),
+            storage: Storage::new(&layout),
             bridge: bridge::Bridge::new(&cfg, tx.clone()),
             hooks: hooks::Hooks::new(&layout),
             steward: super::steward::Steward::new(),
@@ -79,7 +79,7 @@ impl Daemon {
         };
         d.metrics = super::metrics::Metrics::new(d.cfg.metrics_file.clone(), d.report.started_at());
         d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
-        d.report.turn(); // the storage reserve, before daemon.json needs it
+        d.storage.turn(); // the storage reserve, before daemon.json needs it
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.

@@ -1,8 +1,10 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
-//! process-group membership; `procs`: keeping a run's processes contained.
+//! process-group membership; `procs`: keeping a run's processes contained;
+//! `sdnotify`: the service manager's notify socket and watchdog.
 
 pub mod exec;
 pub mod procs;
+pub mod sdnotify;
 pub mod watch;
 
 use std::ffi::CString;

@@ -1,11 +1,16 @@
 //! May the daemon claim now? The root's directories must still pass the
 //! start-up safety check, and the filesystem under the root must have room
-//! (PROTOCOL §11). What fails is reported as storage `degraded`.
+//! (PROTOCOL §11). What fails is reported as storage `degraded`. And the
+//! reserve (`reserve.rs`) that lets daemon.json say so on a full filesystem.
 
+mod reserve;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::report::space_shortage;
+use crate::store::fsutil::space_shortage;
 use crate::store::{Layout, Writer};
+use reserve::Reserve;
 
 /// Free space under the root is looked at this often besides before every
 /// claim scan, so daemon.json turns `degraded` (and back) within seconds on
@@ -13,16 +18,37 @@ use crate::store::{Layout, Writer};
 const SPACE_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Storage {
-    /// Why the filesystem is too full to claim (`report::space_shortage`).
+    /// Why the filesystem is too full to claim (`fsutil::space_shortage`).
     low_space: Option<String>,
     next_space_check: Instant,
     /// Why the root, spool/ or the runs root fails `store::safety::check_dir` now.
     unsafe_dir: Option<String>,
+    reserve: Reserve,
 }
 
 impl Storage {
-    pub fn new() -> Storage {
-        Storage { low_space: None, next_space_check: Instant::now() + SPACE_CHECK_EVERY, unsafe_dir: None }
+    pub fn new(l: &Layout) -> Storage {
+        Storage {
+            low_space: None,
+            next_space_check: Instant::now() + SPACE_CHECK_EVERY,
+            unsafe_dir: None,
+            reserve: Reserve::new(l),
+        }
+    }
+
+    /// Grow the reserve back once there is room (tried every 10 s).
+    pub fn turn(&mut self) {
+        self.reserve.ensure();
+    }
+
+    /// A write that must not wait for room (daemon.json saying `degraded`)
+    /// is deferred in the writer: spend the reserve on it, and keep what
+    /// it did not use.
+    pub fn spend_reserve(&mut self, w: &mut Writer, path: &Path) {
+        if self.reserve.release() {
+            w.flush_path(path);
+            self.reserve.take_back();
+        }
     }
 
     /// Do the root, spool/ and the runs root still pass the start-up check
@@ -74,9 +100,11 @@ impl Storage {
         self.unsafe_dir.clone().or_else(|| self.low_space.clone()).or_else(|| w.last_error.clone())
     }
 
-    /// The next space check; once a second while space is low.
+    /// The next space check (once a second while space is low), or the
+    /// next try to grow the reserve.
     pub fn next_wake(&self) -> Option<Instant> {
         let soon = self.low_space.as_ref().map(|_| Instant::now() + Duration::from_secs(1));
-        Some(soon.map_or(self.next_space_check, |s| s.min(self.next_space_check)))
+        let check = soon.map_or(self.next_space_check, |s| s.min(self.next_space_check));
+        Some(self.reserve.next_wake().map_or(check, |r| r.min(check)))
     }
 }
