@@ -333,8 +333,7 @@ impl Client {
     /// and never through a link; None when there is none or it does not
     /// parse. See [`Client::daemon_running`] for whether that daemon still runs.
     pub fn daemon_report(&self) -> Option<DaemonStatus> {
-        let b = fsutil::read_nofollow(&self.layout.daemon_json(), 1 << 20).ok()?;
-        serde_json::from_slice(&b).ok()
+        crate::store::daemon_json::read(&self.layout)
     }
 
     /// Publish a request (a JSON object, PROTOCOL §2.2), adding a new UUID

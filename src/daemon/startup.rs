@@ -13,7 +13,6 @@ use super::supervisor::{RunnerProgram, Supervisor};
 use super::watch::{self, Watch};
 use super::{bridge, hooks, report, retention, spool, Daemon, Options, StartError};
 use crate::config::Config;
-use crate::protocol::daemon::DaemonStatus;
 use crate::store::{fsutil, Layout, Writer};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
@@ -47,11 +46,8 @@ impl Daemon {
         .map_err(StartError::Watch)?;
         // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
         watch.add(&layout.daemon_dir());
-        let (previous_start, previous_seen) = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
-            .map(|d| (d.started_at, d.updated_at))
-            .unwrap_or((0, 0));
+        let (previous_start, previous_seen) =
+            crate::store::daemon_json::read(&layout).map(|d| (d.started_at, d.updated_at)).unwrap_or((0, 0));
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let mut d = Daemon {
             report: report::Reporter::new(&layout, &cfg, opts.config.as_deref(), &watch),
@@ -94,9 +90,6 @@ impl Daemon {
     }
 }
 
-/// A larger daemon.json is not read (the real one is about a kilobyte).
-const DAEMON_JSON_MAX: u64 = 1024 * 1024;
-
 /// How long a busy `daemon.lock` whose recorded holder is gone is retried.
 const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
 
@@ -118,13 +111,10 @@ fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
             }
             return Ok(lock);
         }
-        let holder = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let holder = crate::store::daemon_json::read(layout);
+        let pid = holder.as_ref().map(|d| d.pid);
         let alive = pid.is_some_and(|pid| {
-            let pid = pid as u32;
-            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            let recorded = holder.as_ref().and_then(|d| d.start_identity.as_deref());
             crate::platform::pid_alive(pid)
                 && match (recorded, crate::platform::start_identity(pid)) {
                     (Some(r), Some(now)) => r == now,

@@ -43,10 +43,8 @@ fn running_daemon_config(layout: &crate::store::Layout) -> Option<(u64, crate::p
     if !crate::store::fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false) {
         return None;
     }
-    let bytes = crate::store::fsutil::read_nofollow(&layout.daemon_json(), 1 << 20).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let info = serde_json::from_value(v.get("config")?.clone()).ok()?;
-    Some((v["pid"].as_u64().unwrap_or(0), info))
+    let d = crate::store::daemon_json::read(layout)?;
+    Some((d.pid as u64, d.config?))
 }
 
 /// `runspool providers`: without `--config`, and with a daemon running on
