@@ -99,7 +99,7 @@ pub struct Daemon {
     hooks: hooks::Hooks,
     steward: steward::Steward,
     metrics: metrics::Metrics,
-    next_retention: Instant,
+    retention: retention::Retention,
     stopping: bool,
 }
 
@@ -146,7 +146,7 @@ impl Daemon {
         // Deferred writes are retried once a second.
         let flush = (!self.w.is_idle()).then_some(soon);
         [
-            Some(self.next_retention),
+            self.retention.next_wake(),
             self.intake.next_wake(),
             self.scheduler.next_wake(),
             self.supervisor.next_wake(),
@@ -224,10 +224,7 @@ impl Daemon {
             // Space came back: claim what waited, without waiting for the rescan.
             self.intake.mark_dirty();
         }
-        if now >= self.next_retention {
-            retention::sweep(&self.layout, self.cfg.retention_days);
-            self.next_retention = now + Duration::from_secs(3600);
-        }
+        self.retention.turn(&mut env!(self));
         if self.intake.due(now) {
             let gate = self.claim_gate();
             self.intake.turn(&mut env!(self), gate, &mut out);

@@ -2,7 +2,7 @@
 //! file was refused (the running configuration then stays). Each part is
 //! told what concerns it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{queue, Daemon};
 use crate::config::Config;
@@ -61,7 +61,7 @@ impl Daemon {
             self.recovery.set_rescan_interval(Duration::from_secs(new.watch.rescan_interval_s));
         }
         if new.retention_days != self.cfg.retention_days {
-            self.next_retention = Instant::now();
+            self.retention.sweep_soon();
         }
         if new.hooks != self.cfg.hooks {
             // Hooks apply at once: added hooks are owed by every run active now.

@@ -14,10 +14,53 @@
 //! error files (`store::spool::sweep_rejected`).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
+use super::part::Env;
 use crate::protocol::status::{State, Status, TerminalMarker};
 use crate::store::{fsutil, run, Layout, RunId};
 
+/// Retention sweeps at start-up and then this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// The retention part: its timer.
+pub struct Retention {
+    next: Instant,
+}
+
+impl Retention {
+    /// The first sweep is due at once (start-up).
+    pub fn new() -> Retention {
+        Retention { next: Instant::now() }
+    }
+
+    /// Sweep when due (at start-up, then hourly).
+    pub fn turn(&mut self, env: &mut Env) {
+        if Instant::now() < self.next {
+            return;
+        }
+        sweep(env.layout, env.cfg.retention_days);
+        self.next = Instant::now() + SWEEP_EVERY;
+    }
+
+    /// A new `retention_days`: sweep in the next turn.
+    pub fn sweep_soon(&mut self) {
+        self.next = Instant::now();
+    }
+
+    pub fn next_wake(&self) -> Option<Instant> {
+        Some(self.next)
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention::new()
+    }
+}
+
+/// One sweep: removals cut short, then expired runs and rejected requests.
+/// Returns how many were removed.
 pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     remove_leftovers(&l.runs());
     if retention_days == 0 {
@@ -76,7 +119,7 @@ fn remove_leftovers(runs: &Path) {
         // A staging directory may be a client's at work (`runspool stop` of a
         // pending request builds its rejected run there): it is a leftover when
         // its builder (the pid in its name) is gone, or when it is old.
-        let staging = name.strip_prefix(super::spool::STAGING_PREFIX);
+        let staging = name.strip_prefix(crate::store::spool::STAGING_PREFIX);
         let builder_gone = || {
             staging
                 .and_then(|rest| rest.split('-').next())

@@ -7,6 +7,7 @@ use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use super::hint::{forward_signals, Hint};
+use super::part::Env;
 use super::recovery::Recovery;
 use super::storage::Storage;
 use super::supervisor::{RunnerProgram, Supervisor};
@@ -60,7 +61,7 @@ impl Daemon {
             hooks: hooks::Hooks::new(&layout),
             steward: super::steward::Steward::new(),
             metrics: super::metrics::Metrics::new(None, 0),
-            next_retention: Instant::now() + Duration::from_secs(3600),
+            retention: retention::Retention::new(),
             layout,
             cfg,
             config_path: opts.config,
@@ -80,7 +81,7 @@ impl Daemon {
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
         d.write_report(true);
-        retention::sweep(&d.layout, d.cfg.retention_days);
+        d.retention.turn(&mut Env { layout: &d.layout, cfg: &d.cfg, w: &mut d.w, watch: &mut d.watch });
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
             queued = d.scheduler.len(), running = d.supervisor.len(),
