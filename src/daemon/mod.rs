@@ -18,13 +18,10 @@
 //! `part.rs`.
 
 pub mod bridge;
-pub mod dead_runner;
-pub mod deps;
 pub mod hint;
 pub mod hooks;
 mod metrics;
 mod part;
-pub mod queue;
 mod recovery;
 mod reload;
 pub mod report;
@@ -95,6 +92,8 @@ pub struct Daemon {
     recovery: Recovery,
     storage: Storage,
     report: report::Reporter,
+    /// The providers built from the configuration (`Env::providers`).
+    providers: crate::providers::Providers,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
     steward: steward::Steward,
@@ -106,7 +105,7 @@ pub struct Daemon {
 /// `Env` from the daemon's fields, leaving the parts free to borrow.
 macro_rules! env {
     ($d:ident) => {
-        Env { layout: &$d.layout, cfg: &$d.cfg, w: &mut $d.w, watch: &mut $d.watch }
+        Env { layout: &$d.layout, cfg: &$d.cfg, w: &mut $d.w, watch: &mut $d.watch, providers: &$d.providers }
     };
 }
 
@@ -236,12 +235,12 @@ impl Daemon {
         self.scheduler.settle_gates(&mut env!(self), &|id| supervisor.knows(id), &mut out);
         self.apply(std::mem::take(&mut out));
         self.start_runs(&mut out);
-        self.supervisor.check(&mut env!(self), &self.bridge, &mut out);
+        self.supervisor.check(&mut env!(self), &mut out);
         self.intake.mark_claimed(&mut env!(self));
         self.scheduler.poll_inboxes(&mut env!(self), &mut out);
         self.apply(out);
         let bridged = self.supervisor.bridged().chain(self.recovery.foreign());
-        self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
+        self.bridge.turn(&mut env!(self), bridged);
         self.hooks.turn(&self.layout, &self.cfg.hooks);
         self.steward.turn(&mut env!(self));
         self.storage.turn();
@@ -256,7 +255,7 @@ impl Daemon {
         let mut out = Vec::new();
         self.recovery.start(&mut env!(self), &mut out);
         self.apply(std::mem::take(&mut out));
-        self.supervisor.check(&mut env!(self), &self.bridge, &mut out);
+        self.supervisor.check(&mut env!(self), &mut out);
         self.apply(out);
     }
 
@@ -281,7 +280,7 @@ impl Daemon {
                     self.metrics.ended(&self.layout, &id, false);
                 }
                 Effect::EndedUnseen(id) => self.metrics.ended(&self.layout, &id, true),
-                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
+                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&mut env!(self), &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
                 Effect::SpendReserve(path) => self.storage.spend_reserve(&mut self.w, &path),
@@ -317,8 +316,7 @@ impl Daemon {
             self.start_some(&mut lanes, out);
         }
         let slots = Slots { lanes: &mut lanes, cfg: &self.cfg };
-        let env = &mut Env { layout: &self.layout, cfg: &self.cfg, w: &mut self.w, watch: &mut self.watch };
-        self.scheduler.show_waiting(env, &slots);
+        self.scheduler.show_waiting(&mut env!(self), &slots);
     }
 
     /// Start queued runs while the global limit and their lanes' leave room.

@@ -3,17 +3,20 @@
 
 use crate::config::Config;
 use crate::protocol::status::Status;
+use crate::providers::Providers;
 use crate::store::{Layout, RunId, Writer};
 
 use super::watch::Watch;
 
 /// What every part works with: the root, the configuration, the one writer
-/// (every capacity retry goes through it) and the watcher.
+/// (every capacity retry goes through it), the watcher and the providers
+/// built from the configuration.
 pub struct Env<'a> {
     pub layout: &'a Layout,
     pub cfg: &'a Config,
     pub w: &'a mut Writer,
     pub watch: &'a mut Watch,
+    pub providers: &'a Providers,
 }
 
 /// What a part wants of the others; the loop applies it (`Daemon::apply`).

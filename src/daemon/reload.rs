@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use super::{queue, Daemon};
+use super::Daemon;
 use crate::config::Config;
 use crate::logging::{self, LevelChange};
+use crate::store::queue;
 
 impl Daemon {
     pub(super) fn reload(&mut self) {
@@ -55,7 +56,8 @@ impl Daemon {
     /// Hand a new configuration to the parts it concerns.
     fn apply_config(&mut self, new: Config) {
         if new.providers != self.cfg.providers {
-            self.bridge.set_providers(&new);
+            self.providers = crate::providers::build_all(&new);
+            self.bridge.providers_changed();
         }
         if new.watch.rescan_interval_s != self.cfg.watch.rescan_interval_s {
             self.recovery.set_rescan_interval(Duration::from_secs(new.watch.rescan_interval_s));

@@ -57,7 +57,8 @@ impl Daemon {
             scheduler: Default::default(),
             intake: spool::Intake::default(),
             storage: Storage::new(&layout),
-            bridge: bridge::Bridge::new(&cfg, tx.clone()),
+            providers: crate::providers::build_all(&cfg),
+            bridge: bridge::Bridge::new(tx.clone()),
             hooks: hooks::Hooks::new(&layout),
             steward: super::steward::Steward::new(),
             metrics: super::metrics::Metrics::new(None, 0),
@@ -74,6 +75,7 @@ impl Daemon {
             watch_failed: None,
             stopping: false,
         };
+        crate::providers::check_in_background(&d.providers);
         d.metrics = super::metrics::Metrics::new(d.cfg.metrics_file.clone(), d.report.started_at());
         d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
         d.storage.turn(); // the storage reserve, before daemon.json needs it
@@ -81,7 +83,13 @@ impl Daemon {
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
         d.write_report(true);
-        d.retention.turn(&mut Env { layout: &d.layout, cfg: &d.cfg, w: &mut d.w, watch: &mut d.watch });
+        d.retention.turn(&mut Env {
+            layout: &d.layout,
+            cfg: &d.cfg,
+            w: &mut d.w,
+            watch: &mut d.watch,
+            providers: &d.providers,
+        });
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
             queued = d.scheduler.len(), running = d.supervisor.len(),

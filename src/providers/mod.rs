@@ -28,6 +28,21 @@ pub fn build_all(cfg: &config::Config) -> Providers {
         .collect()
 }
 
+/// Check every provider on a thread of its own, logging each outcome:
+/// checks can take seconds (sinfo on an unreachable cluster), never in the
+/// daemon's loop.
+pub fn check_in_background(providers: &Providers) {
+    let checks: Vec<(String, Arc<dyn Provider>)> = providers.iter().map(|(n, (p, _))| (n.clone(), p.clone())).collect();
+    let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
+        for (name, p) in checks {
+            match p.check() {
+                Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
+                Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
+            }
+        }
+    });
+}
+
 pub fn build(name: &str, p: &config::Provider) -> Arc<dyn Provider> {
     match p.kind.as_str() {
         "slurm" => Arc::new(slurm::Slurm::new(name)),

@@ -6,12 +6,14 @@
 //! built on them (`inbox`); the one reader of daemon.json (`daemon_json`).
 
 pub mod daemon_json;
+pub mod deps;
 pub mod dirfd;
 pub mod fsutil;
 pub mod inbox;
 pub mod index;
 pub mod layout;
 pub mod queue;
+pub mod repaired;
 pub mod results;
 pub mod run;
 pub mod safety;

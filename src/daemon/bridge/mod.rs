@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::hint::Hint;
+use super::part::Env;
 use super::watch::Watch;
-use crate::config::Config;
 use crate::protocol::bridge::{parse_request, Failure, Handle, Operation, Request, MAX_REQUEST_BYTES, MAX_REQUEST_ID};
-use crate::providers::{self, Provider, Providers};
+use crate::providers::{self, Providers};
 use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
 use crate::store::layout::{ClaimPaths, RunPaths, BRIDGE_REQUESTS, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
@@ -55,7 +55,6 @@ struct Me {
 }
 
 pub struct Bridge {
-    providers: Providers,
     tx: Sender<Hint>,
     me: Me,
     inflight: HashSet<(String, String)>,
@@ -106,21 +105,9 @@ impl FileId {
 }
 
 impl Bridge {
-    pub fn new(cfg: &Config, tx: Sender<Hint>) -> Bridge {
+    pub fn new(tx: Sender<Hint>) -> Bridge {
         let pid = std::process::id();
-        // Checks can take seconds (sinfo on an unreachable cluster): never in the loop.
-        let checks: Vec<(String, std::sync::Arc<dyn Provider>)> =
-            cfg.providers.iter().map(|(name, p)| (name.clone(), providers::build(name, p))).collect();
-        let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
-            for (name, p) in checks {
-                match p.check() {
-                    Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
-                    Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
-                }
-            }
-        });
         Bridge {
-            providers: providers::build_all(cfg),
             tx,
             me: Me { pid, hostname: crate::platform::hostname(), identity: crate::platform::start_identity(pid) },
             inflight: HashSet::new(),
@@ -137,18 +124,13 @@ impl Bridge {
         }
     }
 
-    /// A reloaded configuration: operations in flight keep the provider they started with.
-    pub fn set_providers(&mut self, cfg: &Config) {
-        self.providers = providers::build_all(cfg);
+    /// The providers were rebuilt from a reloaded configuration (operations
+    /// in flight keep the provider they started with): sweep everything now.
+    pub fn providers_changed(&mut self) {
         self.next_full = Instant::now();
         // A provider added now may serve what was left alone.
         self.left_alone.clear();
         self.left_alone_len = 0;
-    }
-
-    /// The configured provider `name` with its time limit.
-    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
-        self.providers.get(name).cloned()
     }
 
     /// A file event in a run's `external-job-requests/`.
@@ -177,13 +159,8 @@ impl Bridge {
 
     /// Sweep the runs that asked for it (and every running run once a second).
     /// Answers written on the loop go through `w`, the daemon's writer.
-    pub fn turn<'a>(
-        &mut self,
-        w: &mut Writer,
-        layout: &Layout,
-        running: impl Iterator<Item = &'a RunId>,
-        watch: &mut Watch,
-    ) {
+    pub fn turn<'a>(&mut self, env: &mut Env, running: impl Iterator<Item = &'a RunId>) {
+        let Env { w, layout, watch, providers, .. } = env;
         let running: HashSet<&str> = running.map(|r| r.as_str()).collect();
         let now = Instant::now();
         if now >= self.next_full {
@@ -210,14 +187,21 @@ impl Bridge {
         for run_id in std::mem::take(&mut self.dirty) {
             let Some(id) = RunId::parse(&run_id).filter(|_| running.contains(run_id.as_str())) else { continue };
             // This turn's reading is done: the rest waits for the next turn, at once.
-            if self.budget == 0 || self.sweep(w, layout, &id, watch) {
+            if self.budget == 0 || self.sweep(w, layout, providers, &id, watch) {
                 self.dirty.insert(run_id);
             }
         }
     }
 
     /// One sweep of one run. True when entries were left for the next turn.
-    fn sweep(&mut self, w: &mut Writer, layout: &Layout, run_id: &RunId, watch: &mut Watch) -> bool {
+    fn sweep(
+        &mut self,
+        w: &mut Writer,
+        layout: &Layout,
+        providers: &Providers,
+        run_id: &RunId,
+        watch: &mut Watch,
+    ) -> bool {
         let dir = layout.run_dir(run_id);
         // A run is its directory: a run directory replaced by a symbolic
         // link (or anything but a directory) is never followed (§3).
@@ -276,7 +260,7 @@ impl Bridge {
                 left += 1;
                 continue;
             }
-            if self.recover_claim(w, run_id, &dir, id) {
+            if self.recover_claim(w, providers, run_id, &dir, id) {
                 taken += 1;
             }
         }
@@ -292,7 +276,7 @@ impl Bridge {
                 continue;
             }
             taken += 1;
-            self.take_request(w, run_id, &dir, &id, parsed, (mtime, file));
+            self.take_request(w, providers, run_id, &dir, &id, parsed, (mtime, file));
         }
         if taken > 0 || left > 0 {
             tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
@@ -376,9 +360,11 @@ impl Bridge {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn take_request(
         &mut self,
         w: &mut Writer,
+        providers: &Providers,
         run_id: &str,
         dir: &Path,
         id: &str,
@@ -404,7 +390,7 @@ impl Bridge {
                 return;
             }
         };
-        let Some((provider, limit)) = self.providers.get(&req.provider).cloned() else {
+        let Some((provider, limit)) = providers.get(&req.provider).cloned() else {
             if self.launched_by_us(run_id, dir) {
                 let f = providers::failure(
                     "provider-unavailable",

@@ -39,7 +39,7 @@ pub struct Intake {
     retry_at: Option<Instant>,
     /// Claimed in this turn: their active markers follow the start of runners.
     claimed: Vec<crate::store::RunId>,
-    pending: crate::daemon::deps::PendingIds,
+    pending: crate::store::deps::PendingIds,
     /// Milliseconds from publication to claim of the runs claimed since the
     /// last `take_latencies` (kept only while a metrics file is configured).
     latencies: Vec<u64>,
