@@ -17,6 +17,19 @@
 //! Start-up is in `startup.rs`, SIGHUP in `reload.rs`, `Env` and `Effect` in
 //! `part.rs`.
 
+/// `Env` from the daemon's fields, leaving the parts free to borrow.
+macro_rules! env_of {
+    ($d:ident) => {
+        $crate::daemon::part::Env {
+            layout: &$d.layout,
+            cfg: &$d.cfg,
+            w: &mut $d.w,
+            watch: &mut $d.watch,
+            providers: &$d.providers,
+        }
+    };
+}
+
 pub mod bridge;
 pub mod hint;
 pub mod hooks;
@@ -43,7 +56,7 @@ use crate::config::Config;
 use crate::protocol::daemon::RunCounts;
 use crate::store::{Layout, Writer};
 pub use hint::Hint;
-use part::{Effect, Env};
+use part::Effect;
 use recovery::Recovery;
 use scheduler::{Scheduler, Slots};
 use storage::Storage;
@@ -100,13 +113,6 @@ pub struct Daemon {
     metrics: metrics::Metrics,
     retention: retention::Retention,
     stopping: bool,
-}
-
-/// `Env` from the daemon's fields, leaving the parts free to borrow.
-macro_rules! env {
-    ($d:ident) => {
-        Env { layout: &$d.layout, cfg: &$d.cfg, w: &mut $d.w, watch: &mut $d.watch, providers: &$d.providers }
-    };
 }
 
 impl Daemon {
@@ -171,7 +177,7 @@ impl Daemon {
             Hint::Queue => {}
             Hint::Control(id) => {
                 let mut out = Vec::new();
-                self.scheduler.control(&mut env!(self), &id, &mut out);
+                self.scheduler.control(&mut env_of!(self), &id, &mut out);
                 self.apply(out);
             }
             // Both are handled once in the next turn, however many arrive.
@@ -208,7 +214,7 @@ impl Daemon {
         }
         let (scheduler, supervisor) = (&self.scheduler, &self.supervisor);
         let known = |id: &str| scheduler.contains(id) || supervisor.knows(id);
-        self.recovery.turn(&mut env!(self), &known, &mut out);
+        self.recovery.turn(&mut env_of!(self), &known, &mut out);
         self.apply(std::mem::take(&mut out));
         // A new watcher on a spool that became a symlink would follow it: wait until it is fixed.
         if self.watch_failed.is_some() && self.storage.dirs_safe(&self.layout) {
@@ -218,34 +224,32 @@ impl Daemon {
         if self.recovery.rescan_due(now) {
             self.rescan();
         }
-        if self.storage.space_check_due(now) && self.storage.check_space(&self.layout, self.cfg.storage.min_free_bytes)
-        {
-            // Space came back: claim what waited, without waiting for the rescan.
-            self.intake.mark_dirty();
-        }
-        self.retention.turn(&mut env!(self));
+        self.storage.turn(&mut env_of!(self), &mut out);
+        self.apply(std::mem::take(&mut out));
+        self.retention.turn(&mut env_of!(self));
         if self.intake.due(now) {
             let gate = self.claim_gate();
-            self.intake.turn(&mut env!(self), gate, &mut out);
+            self.intake.turn(&mut env_of!(self), gate, &mut out);
             self.metrics.claimed(&self.intake.take_latencies());
             self.apply(std::mem::take(&mut out));
         }
         self.supervisor.reap();
         let supervisor = &self.supervisor;
-        self.scheduler.settle_gates(&mut env!(self), &|id| supervisor.knows(id), &mut out);
+        self.scheduler.settle_gates(&mut env_of!(self), &|id| supervisor.knows(id), &mut out);
         self.apply(std::mem::take(&mut out));
         self.start_runs(&mut out);
-        self.supervisor.check(&mut env!(self), &mut out);
-        self.intake.mark_claimed(&mut env!(self));
-        self.scheduler.poll_inboxes(&mut env!(self), &mut out);
-        self.apply(out);
+        self.supervisor.check(&mut env_of!(self), &mut out);
+        self.intake.mark_claimed(&mut env_of!(self));
+        self.scheduler.poll_inboxes(&mut env_of!(self), &mut out);
+        self.apply(std::mem::take(&mut out));
         let bridged = self.supervisor.bridged().chain(self.recovery.foreign());
-        self.bridge.turn(&mut env!(self), bridged);
-        self.hooks.turn(&self.layout, &self.cfg.hooks);
-        self.steward.turn(&mut env!(self));
-        self.storage.turn();
-        self.write_report(false);
-        self.report.turn();
+        self.bridge.turn(&mut env_of!(self), bridged);
+        self.hooks.turn(&mut env_of!(self));
+        self.steward.turn(&mut env_of!(self));
+        let facts = self.facts();
+        self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
+        self.report.turn(&mut env_of!(self), facts, &mut out);
+        self.apply(out);
     }
 
     /// Start-up recovery (PROTOCOL §12): hooks owed, the live runs of the
@@ -253,9 +257,9 @@ impl Daemon {
     fn recover(&mut self) {
         self.hooks.recover(&self.layout);
         let mut out = Vec::new();
-        self.recovery.start(&mut env!(self), &mut out);
+        self.recovery.start(&mut env_of!(self), &mut out);
         self.apply(std::mem::take(&mut out));
-        self.supervisor.check(&mut env!(self), &mut out);
+        self.supervisor.check(&mut env_of!(self), &mut out);
         self.apply(out);
     }
 
@@ -280,7 +284,7 @@ impl Daemon {
                     self.metrics.ended(&self.layout, &id, false);
                 }
                 Effect::EndedUnseen(id) => self.metrics.ended(&self.layout, &id, true),
-                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&mut env!(self), &id, &s),
+                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&mut env_of!(self), &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
                 Effect::SpendReserve(path) => self.storage.spend_reserve(&mut self.w, &path),
@@ -316,7 +320,7 @@ impl Daemon {
             self.start_some(&mut lanes, out);
         }
         let slots = Slots { lanes: &mut lanes, cfg: &self.cfg };
-        self.scheduler.show_waiting(&mut env!(self), &slots);
+        self.scheduler.show_waiting(&mut env_of!(self), &slots);
     }
 
     /// Start queued runs while the global limit and their lanes' leave room.
@@ -324,7 +328,7 @@ impl Daemon {
         while self.scheduler.free_slots(self.supervisor.len(), self.cfg.max_running) > 0 {
             let mut slots = Slots { lanes: &mut *lanes, cfg: &self.cfg };
             let Some(q) = self.scheduler.next_ready(&mut self.watch, &mut slots) else { break };
-            match self.supervisor.start(&mut env!(self), &q.run_id, out) {
+            match self.supervisor.start(&mut env_of!(self), &q.run_id, out) {
                 Start::Started => self.scheduler.started(),
                 Start::Retry { message } => {
                     let run_id = q.run_id.clone();
@@ -353,11 +357,11 @@ impl Daemon {
             self.watch.replace("the spool directory was replaced");
         }
         let mut out = Vec::new();
-        self.scheduler.control_all(&mut env!(self), &mut out);
+        self.scheduler.control_all(&mut env_of!(self), &mut out);
         self.apply(std::mem::take(&mut out));
         let (scheduler, supervisor) = (&self.scheduler, &self.supervisor);
         let known = |id: &str| scheduler.contains(id) || supervisor.knows(id);
-        self.recovery.rescan(&mut env!(self), safe, &known, &mut out);
+        self.recovery.rescan(&mut env_of!(self), safe, &known, &mut out);
         self.apply(out);
     }
 
@@ -365,7 +369,7 @@ impl Daemon {
         let facts = self.facts();
         self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
         let mut out = Vec::new();
-        self.report.write(&mut env!(self), facts, force, &mut out);
+        self.report.write(&mut env_of!(self), facts, force, &mut out);
         self.apply(out);
     }
 

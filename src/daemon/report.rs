@@ -157,13 +157,64 @@ impl Reporter {
         self.last_write = Instant::now();
     }
 
-    /// Feed the watchdog. It is fed from the loop itself, so a wedged loop
-    /// gets restarted.
-    pub fn turn(&mut self) {
+    /// Write daemon.json when due (`write`), and feed the watchdog. It is
+    /// fed from the loop itself, so a wedged loop gets restarted.
+    pub fn turn(&mut self, env: &mut Env, facts: Facts, out: &mut Vec<Effect>) {
+        self.write(env, facts, false, out);
         self.watchdog.feed();
     }
 
     pub fn next_wake(&self) -> Option<Instant> {
         [Some(self.last_write + REPORT_AT_LEAST), self.due, self.watchdog.next_wake()].into_iter().flatten().min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+
+    fn facts(running: usize) -> Facts {
+        Facts {
+            runs: RunCounts { queued: 0, running },
+            queue: QueueInfo::default(),
+            degraded: None,
+            last_rescan_at: None,
+            min_free_bytes: 7,
+            steward: false,
+        }
+    }
+
+    #[test]
+    fn daemon_json_says_what_the_daemon_knows_and_counts_wait_for_their_debounce() {
+        let mut r = Root::new();
+        let mut rep = Reporter::new(&r.layout, &r.cfg, None, &r.watch);
+        let mut out = Vec::new();
+        rep.write(&mut r.env(), facts(1), true, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(r.w.flush());
+        let d = crate::store::daemon_json::read(&r.layout).expect("daemon.json written");
+        assert_eq!((d.pid, d.runs.running, d.storage.state.as_str()), (std::process::id(), 1, "ok"));
+        assert_eq!(d.storage.min_free_bytes, Some(7));
+        assert_eq!(d.started_at, rep.started_at());
+
+        // A new count right after a write waits (at most REPORT_EVERY).
+        rep.turn(&mut r.env(), facts(2), &mut out);
+        assert!(r.w.flush());
+        assert_eq!(crate::store::daemon_json::read(&r.layout).unwrap().runs.running, 1);
+        assert!(rep.next_wake().is_some_and(|t| t <= Instant::now() + REPORT_EVERY));
+        std::thread::sleep(REPORT_EVERY);
+        rep.turn(&mut r.env(), facts(2), &mut out);
+        assert!(r.w.flush());
+        assert_eq!(crate::store::daemon_json::read(&r.layout).unwrap().runs.running, 2);
+
+        // Storage turning degraded is written at once, with its reason.
+        let mut f = facts(2);
+        f.degraded = Some("the disk is full".into());
+        rep.turn(&mut r.env(), f, &mut out);
+        assert!(r.w.flush());
+        let d = crate::store::daemon_json::read(&r.layout).unwrap();
+        assert_eq!((d.storage.state.as_str(), d.storage.reason.as_deref()), ("degraded", Some("the disk is full")));
+        assert!(d.storage.since.is_some());
     }
 }

@@ -139,3 +139,29 @@ fn remove_leftovers(runs: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+
+    #[test]
+    fn retention_sweeps_at_its_first_turn_then_only_when_due() {
+        let mut r = Root::new();
+        let runs = r.layout.runs();
+        let tombstone = |n: &str| runs.join(format!("{TOMBSTONE_PREFIX}{n}"));
+        std::fs::create_dir(tombstone("a")).unwrap();
+        let mut ret = Retention::new();
+        assert!(ret.next_wake().is_some_and(|t| t <= Instant::now()));
+        ret.turn(&mut r.env());
+        assert!(!tombstone("a").exists(), "a removal cut short is finished at the first sweep");
+        assert!(ret.next_wake().is_some_and(|t| t > Instant::now() + Duration::from_secs(3000)));
+
+        std::fs::create_dir(tombstone("b")).unwrap();
+        ret.turn(&mut r.env());
+        assert!(tombstone("b").exists(), "not due: no sweep");
+        ret.sweep_soon();
+        ret.turn(&mut r.env());
+        assert!(!tombstone("b").exists());
+    }
+}

@@ -7,7 +7,6 @@ use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use super::hint::{forward_signals, Hint};
-use super::part::Env;
 use super::recovery::Recovery;
 use super::storage::Storage;
 use super::supervisor::{RunnerProgram, Supervisor};
@@ -78,18 +77,15 @@ impl Daemon {
         crate::providers::check_in_background(&d.providers);
         d.metrics = super::metrics::Metrics::new(d.cfg.metrics_file.clone(), d.report.started_at());
         d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
-        d.storage.turn(); // the storage reserve, before daemon.json needs it
+        // The storage reserve, before daemon.json needs it.
+        let mut out = Vec::new();
+        d.storage.turn(&mut env_of!(d), &mut out);
+        d.apply(out);
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
         d.write_report(true);
-        d.retention.turn(&mut Env {
-            layout: &d.layout,
-            cfg: &d.cfg,
-            w: &mut d.w,
-            watch: &mut d.watch,
-            providers: &d.providers,
-        });
+        d.retention.turn(&mut env_of!(d));
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
             queued = d.scheduler.len(), running = d.supervisor.len(),

@@ -584,3 +584,63 @@ mod claims;
 mod work;
 
 use work::{remove_answered, respond_in_loop, spawn_worker, Work};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::daemon::part::Effect;
+    use crate::daemon::spool::{Gate, Intake};
+
+    #[test]
+    fn a_request_for_a_provider_not_configured_is_answered_and_removed() {
+        let mut r = Root::new();
+        let id = r.drop_request("bridge-1", "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(..)]), "{out:?}");
+        let dir = r.layout.run_dir(&id);
+        fsutil::mkdir_private_all(&RunPaths::bridge_requests(&dir)).unwrap();
+        let req = serde_json::json!({"id": "q1", "operation": "status", "provider": "nowhere",
+            "providerJobId": "7", "createdAt": crate::now_ms()});
+        std::fs::write(RunPaths::bridge_request(&dir, "q1"), serde_json::to_vec(&req).unwrap()).unwrap();
+
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut bridge = Bridge::new(tx);
+        bridge.hint(id.to_string());
+        assert!(bridge.wants_turn());
+        bridge.turn(&mut r.env(), [&id].into_iter());
+        assert!(r.w.flush());
+        let resp: Value =
+            serde_json::from_slice(&std::fs::read(RunPaths::bridge_response(&dir, "q1")).unwrap()).unwrap();
+        assert_eq!(resp["id"], "q1");
+        assert_eq!(
+            (resp["ok"].as_bool(), resp["code"].as_str()),
+            (Some(false), Some("provider-unavailable")),
+            "{resp}"
+        );
+        assert!(resp["message"].as_str().is_some_and(|m| m.contains("[providers.nowhere]")), "{resp}");
+        assert!(!RunPaths::bridge_request(&dir, "q1").exists(), "an answered request is removed");
+        assert_eq!(bridge.in_flight(), 0);
+    }
+
+    #[test]
+    fn runs_not_bridged_are_not_swept() {
+        let mut r = Root::new();
+        let id = r.drop_request("bridge-2", "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        let dir = r.layout.run_dir(&id);
+        fsutil::mkdir_private_all(&RunPaths::bridge_requests(&dir)).unwrap();
+        let req = serde_json::json!({"id": "q2", "operation": "status", "provider": "nowhere",
+            "providerJobId": "7", "createdAt": crate::now_ms()});
+        std::fs::write(RunPaths::bridge_request(&dir, "q2"), serde_json::to_vec(&req).unwrap()).unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut bridge = Bridge::new(tx);
+        bridge.hint(id.to_string());
+        // Not among the bridged runs (its dead runner is being cleaned up, say).
+        bridge.turn(&mut r.env(), std::iter::empty());
+        assert!(RunPaths::bridge_request(&dir, "q2").exists());
+        assert!(!RunPaths::bridge_response(&dir, "q2").exists());
+    }
+}

@@ -8,6 +8,7 @@ mod reserve;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::part::{Effect, Env};
 use crate::store::fsutil::space_shortage;
 use crate::store::{Layout, Writer};
 use reserve::Reserve;
@@ -36,8 +37,13 @@ impl Storage {
         }
     }
 
-    /// Grow the reserve back once there is room (tried every 10 s).
-    pub fn turn(&mut self) {
+    /// Look at the free space when due (claiming again at once when it came
+    /// back above the floor), and grow the reserve back once there is room
+    /// (tried every 10 s).
+    pub fn turn(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
+        if self.space_check_due(Instant::now()) && self.check_space(env.layout, env.cfg.storage.min_free_bytes) {
+            out.push(Effect::ClaimAgain);
+        }
         self.reserve.ensure();
     }
 
@@ -106,5 +112,59 @@ impl Storage {
         let soon = self.low_space.as_ref().map(|_| Instant::now() + Duration::from_secs(1));
         let check = soon.map_or(self.next_space_check, |s| s.min(self.next_space_check));
         Some(self.reserve.next_wake().map_or(check, |r| r.min(check)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+
+    #[test]
+    fn a_spool_replaced_by_a_symlink_closes_claiming_until_it_is_fixed() {
+        let r = Root::new();
+        let mut s = Storage::new(&r.layout);
+        assert!(s.dirs_safe(&r.layout));
+        assert_eq!(s.degraded(&r.w), None);
+        let elsewhere = r.dir.path().join("elsewhere");
+        std::fs::rename(r.layout.spool(), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, r.layout.spool()).unwrap();
+        assert!(!s.dirs_safe(&r.layout));
+        let why = s.degraded(&r.w).expect("degraded while unsafe");
+        assert!(why.contains("spool"), "{why}");
+        std::fs::remove_file(r.layout.spool()).unwrap();
+        std::fs::rename(&elsewhere, r.layout.spool()).unwrap();
+        assert!(s.dirs_safe(&r.layout));
+        assert_eq!(s.degraded(&r.w), None);
+    }
+
+    #[test]
+    fn below_the_floor_nothing_is_claimed_and_the_turn_says_when_space_is_back() {
+        let mut cfg = crate::config::Config::default();
+        cfg.storage.min_free_bytes = 1;
+        let mut r = Root::with(cfg);
+        let mut s = Storage::new(&r.layout);
+        assert!(!s.room_to_claim(&r.layout, u64::MAX, &r.w), "no filesystem has u64::MAX bytes free");
+        assert!(s.degraded(&r.w).is_some());
+        // The next check with the configured floor (1 byte): space is back.
+        s.next_space_check = Instant::now();
+        let mut out = Vec::new();
+        s.turn(&mut r.env(), &mut out);
+        assert!(matches!(&out[..], [Effect::ClaimAgain]), "{out:?}");
+        assert_eq!(s.degraded(&r.w), None);
+    }
+
+    #[test]
+    fn the_turn_makes_the_reserve_and_spending_it_frees_its_file() {
+        let mut r = Root::new();
+        let mut s = Storage::new(&r.layout);
+        let mut out = Vec::new();
+        s.turn(&mut r.env(), &mut out);
+        let reserve = r.layout.daemon_dir().join("storage-reserve");
+        assert_eq!(std::fs::metadata(&reserve).unwrap().len(), 64 * 1024);
+        assert_eq!(s.reserve.next_wake(), None, "a whole reserve needs no turn");
+        // With room on this filesystem, what was released is taken back at once.
+        s.spend_reserve(&mut r.w, &r.layout.daemon_json());
+        assert!(std::fs::symlink_metadata(&reserve).is_ok_and(|m| m.is_file()));
     }
 }

@@ -268,3 +268,63 @@ enum Settle {
     /// Not ours to supervise, or its lock cannot be checked.
     Forget,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::daemon::spool::{Gate, Intake};
+    use crate::protocol::status::State;
+
+    /// A run claimed through the intake, queued, with no runner.
+    fn claimed(r: &mut Root, id: &str) -> RunId {
+        let id = r.drop_request(id, "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(..)]), "{out:?}");
+        id
+    }
+
+    fn supervisor() -> Supervisor {
+        Supervisor::new(RunnerProgram::find(&std::env::current_exe().unwrap()))
+    }
+
+    #[test]
+    fn a_run_whose_runner_is_gone_is_repaired_failed_and_ends() {
+        let mut r = Root::new();
+        let id = claimed(&mut r, "sup-dead");
+        let mut sup = supervisor();
+        sup.adopt(id.clone());
+        assert!(sup.knows(&id));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        // The dead runner's leftovers are cleared on a thread first: check again until it ends.
+        while out.is_empty() && Instant::now() < deadline {
+            sup.check(&mut r.env(), &mut out);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(matches!(&out[..], [Effect::Ended(e)] if *e == id), "{out:?}");
+        assert!(!sup.knows(&id));
+        assert!(r.w.flush());
+        let s = r.status(&id);
+        assert_eq!(s.state, State::Failed);
+        assert!(s.error.as_deref().is_some_and(|e| e.contains("exited before recording a result")), "{:?}", s.error);
+        assert!(!r.layout.active_marker(&id).exists());
+    }
+
+    #[test]
+    fn a_run_whose_runner_lock_is_held_stays_supervised() {
+        let mut r = Root::new();
+        let id = claimed(&mut r, "sup-live");
+        // This test stands for the live runner: it holds runner.lock.
+        let _lock = crate::store::run::take_runner_lock(&r.layout.run_dir(&id)).unwrap().unwrap();
+        let mut sup = supervisor();
+        sup.adopt(id.clone());
+        let mut out = Vec::new();
+        sup.check(&mut r.env(), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(sup.knows(&id));
+        assert_eq!(sup.bridged().collect::<Vec<_>>(), vec![&id]);
+        assert_eq!(r.status(&id).state, State::Queued);
+    }
+}
