@@ -59,7 +59,7 @@ use crate::protocol::daemon::DaemonStatus;
 use crate::protocol::request;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
-use crate::store::spool::{self as spool_rules, Withdrawal};
+use crate::store::spool::withdraw::{self as spool_withdraw, Withdrawal};
 use crate::store::{fsutil, index, run, Layout, RunId};
 
 /// A client of one runspool root.
@@ -643,7 +643,7 @@ impl Client {
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let outcome = match spool_rules::withdraw(layout, &p.name, &message) {
+            let outcome = match spool_withdraw::withdraw(layout, &p.name, &message) {
                 Ok(o) => o,
                 // Still in the spool: nothing was withdrawn. Gone: settled by
                 // someone, maybe us; what is on disk says how (below).

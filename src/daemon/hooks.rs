@@ -600,7 +600,7 @@ mod tests {
     use super::*;
     use crate::daemon::part::testing::Root;
     use crate::daemon::part::Effect;
-    use crate::daemon::spool::{Gate, Intake};
+    use crate::daemon::spool::intake::{Gate, Intake};
 
     #[test]
     fn a_tracked_run_that_ends_failed_fires_on_failure_once_with_its_result() {

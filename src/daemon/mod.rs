@@ -3,7 +3,7 @@
 //! says when it next needs one (`next_wake`), and hands what it wants of
 //! the others back as `Effect`s, which the loop applies:
 //!
-//! - `spool::Intake`: claiming from the spool (PROTOCOL §2);
+//! - `spool::intake::Intake`: claiming from the spool (PROTOCOL §2);
 //! - `scheduler`: the queue, priorities, `max_running`, queue control, queued-run control;
 //! - `supervisor`: runner slots, reaping, liveness, repair of dead runs;
 //! - `recovery`: start-up adoption, run-directory slices, unfinished claims, rescans;
@@ -99,7 +99,7 @@ pub struct Daemon {
     watch: Watch,
     /// Why the watcher failed: it is replaced once the root is safe.
     watch_failed: Option<String>,
-    intake: spool::Intake,
+    intake: spool::intake::Intake,
     scheduler: Scheduler,
     supervisor: Supervisor,
     recovery: Recovery,
@@ -295,17 +295,17 @@ impl Daemon {
     /// May the intake claim now? Not while paused; not while a root
     /// directory is unsafe, space is low, writes are deferred or claims cut
     /// short are unfinished (PROTOCOL §11).
-    fn claim_gate(&mut self) -> spool::Gate {
+    fn claim_gate(&mut self) -> spool::intake::Gate {
         if self.scheduler.ctl.paused() {
-            return spool::Gate::Paused;
+            return spool::intake::Gate::Paused;
         }
         let open = self.storage.dirs_safe(&self.layout)
             && self.storage.room_to_claim(&self.layout, self.cfg.storage.min_free_bytes, &self.w)
             && !self.recovery.has_unfinished();
         if open {
-            spool::Gate::Open
+            spool::intake::Gate::Open
         } else {
-            spool::Gate::Closed
+            spool::intake::Gate::Closed
         }
     }
 

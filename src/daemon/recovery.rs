@@ -111,7 +111,7 @@ impl Recovery {
     /// checked in slices from the loop (`turn`), so start-up does not grow
     /// with the number of finished runs kept on disk.
     pub fn start(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
-        spool::recover_rejected(env.w, env.layout, env.cfg, self.previous_start - 60_000);
+        spool::reject::recover_rejected(env.w, env.layout, env.cfg, self.previous_start - 60_000);
         sweep_shared_temps(env);
         for id in run_names(&env.layout.active(), false).unwrap_or_default() {
             self.recover_run(env, &id, out);
@@ -320,7 +320,7 @@ impl Recovery {
             return;
         }
         // Withdrawals whose client was cut short after moving the entry.
-        spool::finish_withdrawals(env.w, env.layout, env.cfg);
+        spool::reject::finish_withdrawals(env.w, env.layout, env.cfg);
         let Ok(active) = index::list_active(env.layout) else { return };
         self.foreign.clear();
         for x in active {

@@ -11,7 +11,7 @@
 //! ended before the cutoff. Other hosts' runs and their markers stay as they are.
 //!
 //! Rejected requests in `spool/rejected/` go by the same limit, with their
-//! error files (`store::spool::sweep_rejected`).
+//! error files (`store::spool::reject::sweep_rejected`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -67,7 +67,7 @@ pub fn sweep(l: &Layout, retention_days: u64) -> usize {
         return 0;
     }
     let cutoff = crate::now_ms() - (retention_days as i64) * 86_400_000;
-    let mut removed = crate::store::spool::sweep_rejected(l, cutoff);
+    let mut removed = crate::store::spool::reject::sweep_rejected(l, cutoff);
     let Ok(sessions) = std::fs::read_dir(l.terminal()) else { return 0 };
     for sdir in sessions.flatten() {
         if !sdir.file_type().is_ok_and(|t| t.is_dir()) {
@@ -119,7 +119,7 @@ fn remove_leftovers(runs: &Path) {
         // A staging directory may be a client's at work (`runspool stop` of a
         // pending request builds its rejected run there): it is a leftover when
         // its builder (the pid in its name) is gone, or when it is old.
-        let staging = name.strip_prefix(crate::store::spool::STAGING_PREFIX);
+        let staging = name.strip_prefix(crate::store::spool::reject::STAGING_PREFIX);
         let builder_gone = || {
             staging
                 .and_then(|rest| rest.split('-').next())

@@ -54,7 +54,7 @@ impl Daemon {
             recovery: Recovery::new(previous_start, previous_seen, Duration::from_secs(cfg.watch.rescan_interval_s)),
             supervisor: Supervisor::new(RunnerProgram::find(&exe)),
             scheduler: Default::default(),
-            intake: spool::Intake::default(),
+            intake: spool::intake::Intake::default(),
             storage: Storage::new(&layout),
             providers: crate::providers::build_all(&cfg),
             bridge: bridge::Bridge::new(tx.clone()),

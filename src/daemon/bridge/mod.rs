@@ -590,7 +590,7 @@ mod tests {
     use super::*;
     use crate::daemon::part::testing::Root;
     use crate::daemon::part::Effect;
-    use crate::daemon::spool::{Gate, Intake};
+    use crate::daemon::spool::intake::{Gate, Intake};
 
     #[test]
     fn a_request_for_a_provider_not_configured_is_answered_and_removed() {

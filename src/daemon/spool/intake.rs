@@ -5,10 +5,11 @@ use std::collections::VecDeque;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use super::{classify_name, reject_entry, Claimer, Grace, Name, Outcome};
+use super::{classify_name, Claimer, Grace, Name, Outcome};
 use crate::daemon::part::{Effect, Env};
 use crate::protocol::request::{Rejection, RejectionCode};
 use crate::store::fsutil::is_capacity;
+use crate::store::spool::reject::reject_entry;
 
 /// Most claims per loop turn, so a flood of requests never starves the
 /// scheduler and the liveness checks.

@@ -273,7 +273,7 @@ enum Settle {
 mod tests {
     use super::*;
     use crate::daemon::part::testing::Root;
-    use crate::daemon::spool::{Gate, Intake};
+    use crate::daemon::spool::intake::{Gate, Intake};
     use crate::protocol::status::State;
 
     /// A run claimed through the intake, queued, with no runner.

@@ -9,9 +9,6 @@ pub mod claimed;
 pub mod reject;
 pub mod withdraw;
 
-pub use reject::{finish_withdrawals, recover_rejected, reject_entry, sweep_rejected, STAGING_PREFIX};
-pub use withdraw::{withdraw, Withdrawal};
-
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
