@@ -40,18 +40,12 @@ pub(crate) struct Health {
     pub storage_reason: Option<String>,
 }
 
-/// daemon.json, when there is one the daemon wrote (any other content reads
-/// as no report at all).
-fn read_report(p: &Path) -> Option<DaemonStatus> {
-    serde_json::from_slice(&std::fs::read(p).ok()?).ok()
-}
-
 impl Health {
     /// `config_min`: the config's `storage.min_free_bytes`, used when
     /// daemon.json does not name the daemon's own floor.
     pub fn read(layout: &Layout, config_min: Option<u64>) -> Health {
         let alive = fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false);
-        let daemon = read_report(&layout.daemon_json());
+        let daemon = read_report_nofollow(layout);
         let d = daemon.as_ref().filter(|_| alive);
         let stale_ms = d.map(|d| crate::now_ms() - d.updated_at).filter(|age| *age > STALE_AFTER_MS);
         // The CLI's own statvfs: a daemon that could not write `degraded` (a
@@ -250,8 +244,7 @@ pub(crate) fn describe_report(q: &QueueInfo) -> String {
 /// daemon.json as the daemon wrote it, read the way a file others could
 /// replace is read (bounded, never through a link).
 pub(crate) fn read_report_nofollow(layout: &Layout) -> Option<DaemonStatus> {
-    let b = fsutil::read_nofollow(&layout.daemon_json(), 1 << 20).ok()?;
-    serde_json::from_slice(&b).ok()
+    crate::store::daemon_json::read(layout)
 }
 
 /// The `queue` line of `runspool status` with no daemon: what the file says.

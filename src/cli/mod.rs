@@ -523,7 +523,7 @@ pub fn main() -> i32 {
             crate::platform::close_inherited_fds();
             let level = crate::config::Config::load(config.as_deref()).map(|c| c.log.level).unwrap_or_default();
             crate::logging::init(&level.to_string(), true);
-            crate::daemon::report::take_service_env();
+            crate::platform::sdnotify::take_service_env();
             let d = match crate::daemon::Daemon::start(crate::daemon::Options { root: cli.root, config }) {
                 Ok(d) => d,
                 Err(e) => {

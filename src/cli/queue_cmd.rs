@@ -1,5 +1,5 @@
 //! `runspool pause`, `resume` and `max-running`: queue control through
-//! `<root>/runspool/queue.json` (`daemon::queue`), which the daemon honours
+//! `<root>/runspool/queue.json` (`store::queue`), which the daemon honours
 //! at once and reports in daemon.json `queue`.
 
 use anyhow::Context as _;

@@ -268,7 +268,7 @@ impl Snapshot {
         // (a full disk may keep the daemon from saying so).
         let running = snap.daemon.as_ref().filter(|_| snap.alive);
         let min = running.and_then(|d| d.storage.min_free_bytes).unwrap_or(super::health::DEFAULT_MIN_FREE);
-        let own = crate::daemon::report::space_shortage(super::health::root_or_slash(layout), min);
+        let own = crate::store::fsutil::space_shortage(super::health::root_or_slash(layout), min);
         snap.storage = match (running.map(|d| &d.storage), own) {
             (Some(s), _) if s.state != "ok" => {
                 format!("{}{}", s.state, s.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())
@@ -783,7 +783,7 @@ impl App {
 
     /// `p`: pause the queue, or resume it when queue.json says it is paused.
     fn pause_or_resume(&mut self) -> Step {
-        let paused = match crate::daemon::queue::read(&crate::daemon::queue::path(&self.layout)) {
+        let paused = match crate::store::queue::read(&crate::store::queue::path(&self.layout)) {
             Ok(Some(q)) => q.paused,
             Ok(None) => false,
             Err(_) => self.snap.daemon.as_ref().and_then(|d| d.queue.as_ref()).is_some_and(|q| q.paused),

@@ -59,7 +59,7 @@ use crate::protocol::daemon::DaemonStatus;
 use crate::protocol::request;
 use crate::protocol::status::{State, Status};
 use crate::store::layout::RunPaths;
-use crate::store::spool::{self as spool_rules, Withdrawal};
+use crate::store::spool::withdraw::{self as spool_withdraw, Withdrawal};
 use crate::store::{fsutil, index, run, Layout, RunId};
 
 /// A client of one runspool root.
@@ -333,8 +333,7 @@ impl Client {
     /// and never through a link; None when there is none or it does not
     /// parse. See [`Client::daemon_running`] for whether that daemon still runs.
     pub fn daemon_report(&self) -> Option<DaemonStatus> {
-        let b = fsutil::read_nofollow(&self.layout.daemon_json(), 1 << 20).ok()?;
-        serde_json::from_slice(&b).ok()
+        crate::store::daemon_json::read(&self.layout)
     }
 
     /// Publish a request (a JSON object, PROTOCOL §2.2), adding a new UUID
@@ -644,7 +643,7 @@ impl Client {
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let outcome = match spool_rules::withdraw(layout, &p.name, &message) {
+            let outcome = match spool_withdraw::withdraw(layout, &p.name, &message) {
                 Ok(o) => o,
                 // Still in the spool: nothing was withdrawn. Gone: settled by
                 // someone, maybe us; what is on disk says how (below).

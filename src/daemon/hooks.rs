@@ -35,6 +35,7 @@ use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 
+use super::part::Env;
 use crate::config::Hooks as HookConfig;
 use crate::platform::child::{self, Child, Ladder, Schedule, Signal};
 use crate::platform::exec::{self, Detach};
@@ -219,7 +220,8 @@ impl Hooks {
     }
 
     /// Reap finished hooks, enforce time limits, start waiting ones.
-    pub fn turn(&mut self, l: &Layout, cfg: &HookConfig) {
+    pub fn turn(&mut self, env: &mut Env) {
+        let (l, cfg) = (env.layout, &env.cfg.hooks);
         self.reap(l);
         self.watch_orphans(l);
         while self.running.len() < cfg.max_parallel.max(1) {
@@ -570,4 +572,53 @@ fn create_record(dir: &Path, r: &HookRecord) -> io::Result<bool> {
 
 fn write_record(dir: &Path, r: &HookRecord) -> io::Result<()> {
     fsutil::write_atomic(&record_path(dir), &serde_json::to_vec_pretty(r).map_err(io::Error::other)?, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::daemon::part::Effect;
+    use crate::daemon::spool::intake::{Gate, Intake};
+
+    #[test]
+    fn a_tracked_run_that_ends_failed_fires_on_failure_once_with_its_result() {
+        let mut cfg = crate::config::Config::default();
+        let dir = tempfile::tempdir().unwrap();
+        let got = dir.path().join("hook-input.json");
+        cfg.hooks.on_failure = vec!["sh".into(), "-c".into(), format!("cat >> '{}'", got.display())];
+        let mut r = Root::with(cfg);
+        let id = r.drop_request("hooks-1", "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(..)]), "{out:?}");
+        let mut hooks = Hooks::new(&r.layout);
+        hooks.track(&r.cfg.hooks, &id);
+        assert!(r.layout.daemon_dir().join("hooks-pending").join("hooks-1").exists(), "owed on disk");
+        hooks.turn(&mut r.env());
+        assert!(!got.exists(), "no hook before the run ends");
+
+        assert!(results::fail_queued(&mut r.w, &r.layout, &id, "stopped by the test", "skipped").unwrap());
+        assert!(r.w.flush());
+        hooks.ended(&id);
+        hooks.ended(&id);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let record_file = record_path(&r.layout.run_dir(&id));
+        let done = || {
+            std::fs::read(&record_file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<HookRecord>(&b).ok())
+                .filter(|h| h.ended_at.is_some())
+        };
+        while done().is_none() && Instant::now() < deadline {
+            hooks.turn(&mut r.env());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let record = done().expect("the hook ran and its record says so");
+        assert_eq!((record.hook.as_str(), record.state.as_str(), record.exit_code), ("on_failure", "failed", Some(0)));
+        let input: serde_json::Value = serde_json::from_slice(&std::fs::read(&got).unwrap()).unwrap();
+        assert_eq!(input["runId"], "hooks-1", "the hook reads the run's result on stdin (once)");
+        assert!(!hooks.busy());
+        assert!(!r.layout.daemon_dir().join("hooks-pending").join("hooks-1").exists(), "no longer owed");
+    }
 }

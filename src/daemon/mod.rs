@@ -3,12 +3,12 @@
 //! says when it next needs one (`next_wake`), and hands what it wants of
 //! the others back as `Effect`s, which the loop applies:
 //!
-//! - `spool::Intake`: claiming from the spool (PROTOCOL §2);
+//! - `spool::intake::Intake`: claiming from the spool (PROTOCOL §2);
 //! - `scheduler`: the queue, priorities, `max_running`, queue control, queued-run control;
 //! - `supervisor`: runner slots, reaping, liveness, repair of dead runs;
 //! - `recovery`: start-up adoption, run-directory slices, unfinished claims, rescans;
-//! - `storage`: may we claim (safe directories, free space);
-//! - `report`: daemon.json, sd_notify, the watchdog;
+//! - `storage`: may we claim (safe directories, free space), the storage reserve;
+//! - `report`: daemon.json, `STATUS=` and the watchdog's feed;
 //! - `metrics`: the log line of each run's end, and the `metrics_file`;
 //! - `steward`: pi-subagents runs whose runner is gone, reconciled as 0.67 would (§14.1);
 //! - `bridge`, `hooks`, `retention`, `watch` (file events as `Hint`s).
@@ -17,14 +17,24 @@
 //! Start-up is in `startup.rs`, SIGHUP in `reload.rs`, `Env` and `Effect` in
 //! `part.rs`.
 
+/// `Env` from the daemon's fields, leaving the parts free to borrow.
+macro_rules! env_of {
+    ($d:ident) => {
+        $crate::daemon::part::Env {
+            layout: &$d.layout,
+            cfg: &$d.cfg,
+            w: &mut $d.w,
+            watch: &mut $d.watch,
+            providers: &$d.providers,
+        }
+    };
+}
+
 pub mod bridge;
-pub mod dead_runner;
-pub mod deps;
 pub mod hint;
 pub mod hooks;
 mod metrics;
 mod part;
-pub mod queue;
 mod recovery;
 mod reload;
 pub mod report;
@@ -46,7 +56,7 @@ use crate::config::Config;
 use crate::protocol::daemon::RunCounts;
 use crate::store::{Layout, Writer};
 pub use hint::Hint;
-use part::{Effect, Env};
+use part::Effect;
 use recovery::Recovery;
 use scheduler::{Scheduler, Slots};
 use storage::Storage;
@@ -89,25 +99,20 @@ pub struct Daemon {
     watch: Watch,
     /// Why the watcher failed: it is replaced once the root is safe.
     watch_failed: Option<String>,
-    intake: spool::Intake,
+    intake: spool::intake::Intake,
     scheduler: Scheduler,
     supervisor: Supervisor,
     recovery: Recovery,
     storage: Storage,
     report: report::Reporter,
+    /// The providers built from the configuration (`Env::providers`).
+    providers: crate::providers::Providers,
     bridge: bridge::Bridge,
     hooks: hooks::Hooks,
     steward: steward::Steward,
     metrics: metrics::Metrics,
-    next_retention: Instant,
+    retention: retention::Retention,
     stopping: bool,
-}
-
-/// `Env` from the daemon's fields, leaving the parts free to borrow.
-macro_rules! env {
-    ($d:ident) => {
-        Env { layout: &$d.layout, cfg: &$d.cfg, w: &mut $d.w, watch: &mut $d.watch }
-    };
 }
 
 impl Daemon {
@@ -117,7 +122,7 @@ impl Daemon {
 
     /// The event loop. Returns when asked to stop (SIGTERM/SIGINT).
     pub fn run(mut self) -> i32 {
-        report::sd_notify("READY=1");
+        crate::platform::sdnotify::sd_notify("READY=1");
         while !self.stopping {
             self.turn();
             let timeout = self.next_wake().saturating_duration_since(Instant::now());
@@ -146,7 +151,7 @@ impl Daemon {
         // Deferred writes are retried once a second.
         let flush = (!self.w.is_idle()).then_some(soon);
         [
-            Some(self.next_retention),
+            self.retention.next_wake(),
             self.intake.next_wake(),
             self.scheduler.next_wake(),
             self.supervisor.next_wake(),
@@ -172,7 +177,7 @@ impl Daemon {
             Hint::Queue => {}
             Hint::Control(id) => {
                 let mut out = Vec::new();
-                self.scheduler.control(&mut env!(self), &id, &mut out);
+                self.scheduler.control(&mut env_of!(self), &id, &mut out);
                 self.apply(out);
             }
             // Both are handled once in the next turn, however many arrive.
@@ -209,7 +214,7 @@ impl Daemon {
         }
         let (scheduler, supervisor) = (&self.scheduler, &self.supervisor);
         let known = |id: &str| scheduler.contains(id) || supervisor.knows(id);
-        self.recovery.turn(&mut env!(self), &known, &mut out);
+        self.recovery.turn(&mut env_of!(self), &known, &mut out);
         self.apply(std::mem::take(&mut out));
         // A new watcher on a spool that became a symlink would follow it: wait until it is fixed.
         if self.watch_failed.is_some() && self.storage.dirs_safe(&self.layout) {
@@ -219,36 +224,32 @@ impl Daemon {
         if self.recovery.rescan_due(now) {
             self.rescan();
         }
-        if self.storage.space_check_due(now) && self.storage.check_space(&self.layout, self.cfg.storage.min_free_bytes)
-        {
-            // Space came back: claim what waited, without waiting for the rescan.
-            self.intake.mark_dirty();
-        }
-        if now >= self.next_retention {
-            retention::sweep(&self.layout, self.cfg.retention_days);
-            self.next_retention = now + Duration::from_secs(3600);
-        }
+        self.storage.turn(&mut env_of!(self), &mut out);
+        self.apply(std::mem::take(&mut out));
+        self.retention.turn(&mut env_of!(self));
         if self.intake.due(now) {
             let gate = self.claim_gate();
-            self.intake.turn(&mut env!(self), gate, &mut out);
+            self.intake.turn(&mut env_of!(self), gate, &mut out);
             self.metrics.claimed(&self.intake.take_latencies());
             self.apply(std::mem::take(&mut out));
         }
         self.supervisor.reap();
         let supervisor = &self.supervisor;
-        self.scheduler.settle_gates(&mut env!(self), &|id| supervisor.knows(id), &mut out);
+        self.scheduler.settle_gates(&mut env_of!(self), &|id| supervisor.knows(id), &mut out);
         self.apply(std::mem::take(&mut out));
         self.start_runs(&mut out);
-        self.supervisor.check(&mut env!(self), &self.bridge, &mut out);
-        self.intake.mark_claimed(&mut env!(self));
-        self.scheduler.poll_inboxes(&mut env!(self), &mut out);
-        self.apply(out);
+        self.supervisor.check(&mut env_of!(self), &mut out);
+        self.intake.mark_claimed(&mut env_of!(self));
+        self.scheduler.poll_inboxes(&mut env_of!(self), &mut out);
+        self.apply(std::mem::take(&mut out));
         let bridged = self.supervisor.bridged().chain(self.recovery.foreign());
-        self.bridge.turn(&mut self.w, &self.layout, bridged, &mut self.watch);
-        self.hooks.turn(&self.layout, &self.cfg.hooks);
-        self.steward.turn(&mut env!(self));
-        self.write_report(false);
-        self.report.turn();
+        self.bridge.turn(&mut env_of!(self), bridged);
+        self.hooks.turn(&mut env_of!(self));
+        self.steward.turn(&mut env_of!(self));
+        let facts = self.facts();
+        self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
+        self.report.turn(&mut env_of!(self), facts, &mut out);
+        self.apply(out);
     }
 
     /// Start-up recovery (PROTOCOL §12): hooks owed, the live runs of the
@@ -256,9 +257,9 @@ impl Daemon {
     fn recover(&mut self) {
         self.hooks.recover(&self.layout);
         let mut out = Vec::new();
-        self.recovery.start(&mut env!(self), &mut out);
+        self.recovery.start(&mut env_of!(self), &mut out);
         self.apply(std::mem::take(&mut out));
-        self.supervisor.check(&mut env!(self), &self.bridge, &mut out);
+        self.supervisor.check(&mut env_of!(self), &mut out);
         self.apply(out);
     }
 
@@ -283,9 +284,10 @@ impl Daemon {
                     self.metrics.ended(&self.layout, &id, false);
                 }
                 Effect::EndedUnseen(id) => self.metrics.ended(&self.layout, &id, true),
-                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&self.layout, &self.bridge, &id, &s),
+                Effect::EndedElsewhere(id, s) => self.supervisor.clean_ended(&mut env_of!(self), &id, &s),
                 Effect::Unfinished(id) => self.recovery.remember_unfinished(id),
                 Effect::ClaimAgain => self.intake.mark_dirty(),
+                Effect::SpendReserve(path) => self.storage.spend_reserve(&mut self.w, &path),
             }
         }
     }
@@ -293,17 +295,17 @@ impl Daemon {
     /// May the intake claim now? Not while paused; not while a root
     /// directory is unsafe, space is low, writes are deferred or claims cut
     /// short are unfinished (PROTOCOL §11).
-    fn claim_gate(&mut self) -> spool::Gate {
+    fn claim_gate(&mut self) -> spool::intake::Gate {
         if self.scheduler.ctl.paused() {
-            return spool::Gate::Paused;
+            return spool::intake::Gate::Paused;
         }
         let open = self.storage.dirs_safe(&self.layout)
             && self.storage.room_to_claim(&self.layout, self.cfg.storage.min_free_bytes, &self.w)
             && !self.recovery.has_unfinished();
         if open {
-            spool::Gate::Open
+            spool::intake::Gate::Open
         } else {
-            spool::Gate::Closed
+            spool::intake::Gate::Closed
         }
     }
 
@@ -318,8 +320,7 @@ impl Daemon {
             self.start_some(&mut lanes, out);
         }
         let slots = Slots { lanes: &mut lanes, cfg: &self.cfg };
-        let env = &mut Env { layout: &self.layout, cfg: &self.cfg, w: &mut self.w, watch: &mut self.watch };
-        self.scheduler.show_waiting(env, &slots);
+        self.scheduler.show_waiting(&mut env_of!(self), &slots);
     }
 
     /// Start queued runs while the global limit and their lanes' leave room.
@@ -327,7 +328,7 @@ impl Daemon {
         while self.scheduler.free_slots(self.supervisor.len(), self.cfg.max_running) > 0 {
             let mut slots = Slots { lanes: &mut *lanes, cfg: &self.cfg };
             let Some(q) = self.scheduler.next_ready(&mut self.watch, &mut slots) else { break };
-            match self.supervisor.start(&mut env!(self), &q.run_id, out) {
+            match self.supervisor.start(&mut env_of!(self), &q.run_id, out) {
                 Start::Started => self.scheduler.started(),
                 Start::Retry { message } => {
                     let run_id = q.run_id.clone();
@@ -356,18 +357,20 @@ impl Daemon {
             self.watch.replace("the spool directory was replaced");
         }
         let mut out = Vec::new();
-        self.scheduler.control_all(&mut env!(self), &mut out);
+        self.scheduler.control_all(&mut env_of!(self), &mut out);
         self.apply(std::mem::take(&mut out));
         let (scheduler, supervisor) = (&self.scheduler, &self.supervisor);
         let known = |id: &str| scheduler.contains(id) || supervisor.knows(id);
-        self.recovery.rescan(&mut env!(self), safe, &known, &mut out);
+        self.recovery.rescan(&mut env_of!(self), safe, &known, &mut out);
         self.apply(out);
     }
 
     fn write_report(&mut self, force: bool) {
         let facts = self.facts();
         self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
-        self.report.write(&mut self.w, &self.layout, &self.watch, facts, force);
+        let mut out = Vec::new();
+        self.report.write(&mut env_of!(self), facts, force, &mut out);
+        self.apply(out);
     }
 
     fn facts(&self) -> report::Facts {
@@ -388,7 +391,7 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) {
-        report::sd_notify("STOPPING=1");
+        crate::platform::sdnotify::sd_notify("STOPPING=1");
         // daemon.json's updatedAt tells the next daemon until when run ends were seen.
         self.write_report(true);
         // Flush deferred writes for a little while; whatever is left is

@@ -11,11 +11,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::part::{Effect, Env};
-use super::spool;
-use super::supervisor::ensure_published_status;
 use crate::protocol::status::{State, Status};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::RunPaths;
+use crate::store::repaired::ensure_published_status;
+use crate::store::spool;
+use crate::store::spool::claimed;
 use crate::store::{index, run, RunId};
 
 /// A run that ended up to this long before the previous daemon's last sign
@@ -110,7 +111,7 @@ impl Recovery {
     /// checked in slices from the loop (`turn`), so start-up does not grow
     /// with the number of finished runs kept on disk.
     pub fn start(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
-        spool::recover_rejected(env.w, env.layout, env.cfg, self.previous_start - 60_000);
+        spool::reject::recover_rejected(env.w, env.layout, env.cfg, self.previous_start - 60_000);
         sweep_shared_temps(env);
         for id in run_names(&env.layout.active(), false).unwrap_or_default() {
             self.recover_run(env, &id, out);
@@ -184,7 +185,7 @@ impl Recovery {
             // The queued status (and a runner's updates) are written without
             // fsync: a power loss may leave status.json empty or zero-filled.
             // Such a claim is finished again, as if that write had been lost.
-            Err(_) if claimed && spool::status_is_torn(&dir) => {
+            Err(_) if claimed && claimed::status_is_torn(&dir) => {
                 self.finish_half_claim(env, id, out);
                 return;
             }
@@ -213,12 +214,12 @@ impl Recovery {
             }
             (Verdict::HalfClaimed, _) => self.finish_half_claim(env, id, out),
             (Verdict::Queued, Some(s)) => {
-                spool::ensure_queued_event(env.w, &dir, id, s.queue.priority);
-                let _ = spool::mark_claimed(env.w, env.layout, id);
+                claimed::ensure_queued_event(env.w, &dir, id, s.queue.priority);
+                let _ = claimed::mark_claimed(env.w, env.layout, id);
                 out.push(queued_or_running(env, id, s));
             }
             (Verdict::Running, _) => {
-                let _ = spool::mark_claimed(env.w, env.layout, id);
+                let _ = claimed::mark_claimed(env.w, env.layout, id);
                 out.push(Effect::Adopt(id.clone()));
             }
             (Verdict::Ended, Some(s)) => {
@@ -230,7 +231,7 @@ impl Recovery {
                 if unseen {
                     out.push(Effect::EndedUnseen(id.clone()));
                 }
-                if super::dead_runner::ended_elsewhere(&s) {
+                if crate::protocol::outcome::ended_elsewhere(&s) {
                     out.push(Effect::EndedElsewhere(id.clone(), Box::new(s)));
                 }
             }
@@ -241,10 +242,10 @@ impl Recovery {
     /// Finish a run with `request.json` and no status (`spool::finish_half_claim`);
     /// one that meets a capacity error is remembered and retried.
     fn finish_half_claim(&mut self, env: &mut Env, id: &RunId, out: &mut Vec<Effect>) {
-        match spool::finish_half_claim(env.w, env.layout, id, env.cfg) {
+        match claimed::finish_half_claim(env.w, env.layout, id, env.cfg) {
             Ok(Some(s)) => {
                 tracing::info!(run_id = %id, "finished a half-done claim");
-                let _ = spool::mark_claimed(env.w, env.layout, id);
+                let _ = claimed::mark_claimed(env.w, env.layout, id);
                 out.push(queued_or_running(env, id, s));
             }
             Ok(None) => {}
@@ -319,7 +320,7 @@ impl Recovery {
             return;
         }
         // Withdrawals whose client was cut short after moving the entry.
-        spool::finish_withdrawals(env.w, env.layout, env.cfg);
+        spool::reject::finish_withdrawals(env.w, env.layout, env.cfg);
         let Ok(active) = index::list_active(env.layout) else { return };
         self.foreign.clear();
         for x in active {

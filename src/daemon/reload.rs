@@ -2,11 +2,12 @@
 //! file was refused (the running configuration then stays). Each part is
 //! told what concerns it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{queue, Daemon};
+use super::Daemon;
 use crate::config::Config;
 use crate::logging::{self, LevelChange};
+use crate::store::queue;
 
 impl Daemon {
     pub(super) fn reload(&mut self) {
@@ -55,13 +56,14 @@ impl Daemon {
     /// Hand a new configuration to the parts it concerns.
     fn apply_config(&mut self, new: Config) {
         if new.providers != self.cfg.providers {
-            self.bridge.set_providers(&new);
+            self.providers = crate::providers::build_all(&new);
+            self.bridge.providers_changed();
         }
         if new.watch.rescan_interval_s != self.cfg.watch.rescan_interval_s {
             self.recovery.set_rescan_interval(Duration::from_secs(new.watch.rescan_interval_s));
         }
         if new.retention_days != self.cfg.retention_days {
-            self.next_retention = Instant::now();
+            self.retention.sweep_soon();
         }
         if new.hooks != self.cfg.hooks {
             // Hooks apply at once: added hooks are owed by every run active now.

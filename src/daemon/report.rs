@@ -1,15 +1,18 @@
-//! `runspool/daemon.json` (PROTOCOL §10), the storage reserve that lets it
-//! be written on a full filesystem, and the free-space rule the daemon and
-//! the CLI share.
+//! The report part: `runspool/daemon.json` (PROTOCOL §10) and what the
+//! service manager hears of the daemon (`STATUS=`, the watchdog's feed,
+//! through `platform::sdnotify`). A daemon.json write that waits for room
+//! hands the loop an `Effect::SpendReserve` (the storage reserve is the
+//! storage part's).
 
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::part::{Effect, Env};
 use super::watch::{self, Watch};
 use crate::config::Config;
+use crate::platform::sdnotify::{sd_notify, Watchdog};
 use crate::protocol::daemon::{ConfigInfo, DaemonStatus, QueueInfo, RunCounts, StewardInfo, StorageInfo, WatchInfo};
-use crate::store::{Layout, Writer};
+use crate::store::Layout;
 
 /// Run counts in daemon.json and STATUS= lag by at most this much.
 const REPORT_EVERY: Duration = Duration::from_millis(250);
@@ -36,16 +39,13 @@ pub struct Facts {
     pub steward: bool,
 }
 
-/// The report part: daemon.json as last written, the reserve that lets it
-/// be written on a full filesystem, and the systemd watchdog.
+/// The report part: daemon.json as last written, and the systemd watchdog.
 pub struct Reporter {
     status: DaemonStatus,
-    reserve: Reserve,
     last_write: Instant,
     /// Counts changed but were written less than REPORT_EVERY ago.
     due: Option<Instant>,
-    watchdog: Option<Duration>,
-    last_watchdog: Instant,
+    watchdog: Watchdog,
 }
 
 impl Reporter {
@@ -79,9 +79,7 @@ impl Reporter {
             queue: None,
             steward: Some(StewardInfo { enabled: cfg.steward }),
         };
-        let reserve = Reserve::new(l);
-        let now = Instant::now();
-        Reporter { status, reserve, last_write: now, due: None, watchdog: watchdog_interval(), last_watchdog: now }
+        Reporter { status, last_write: Instant::now(), due: None, watchdog: Watchdog::new() }
     }
 
     /// When this daemon started (daemon.json `startedAt`), ms since the epoch.
@@ -96,7 +94,8 @@ impl Reporter {
     /// Write daemon.json (and STATUS=) when something changed: a change of
     /// storage, watch or queue state at once, run counts at most every
     /// REPORT_EVERY, and at least every minute. `force`: now, whatever changed.
-    pub fn write(&mut self, w: &mut Writer, l: &Layout, watch: &Watch, facts: Facts, force: bool) {
+    pub fn write(&mut self, env: &mut Env, facts: Facts, force: bool, out: &mut Vec<Effect>) {
+        let watch = &*env.watch;
         let mut r = self.status.clone();
         r.last_rescan_at = facts.last_rescan_at;
         if r.watch.backend != watch.choice.backend.as_str() {
@@ -145,228 +144,77 @@ impl Reporter {
         ));
         r.updated_at = crate::now_ms();
         let bytes = serde_json::to_vec_pretty(&r).unwrap_or_default();
-        let path = l.daemon_json();
-        if let Err(e) = w.write(&path, bytes, false) {
+        let path = env.layout.daemon_json();
+        if let Err(e) = env.w.write(&path, bytes, false) {
             tracing::warn!(error = %e, "cannot write daemon.json");
         }
-        // A full filesystem must not keep daemon.json saying `ok`: spend the
-        // reserve on it (docs/watching-and-storage.md).
-        if w.pending_for(&path).is_some() && self.reserve.release() {
-            w.flush_path(&path);
-            self.reserve.take_back();
+        // A full filesystem must not keep daemon.json saying `ok`: the
+        // storage reserve is spent on it (docs/watching-and-storage.md).
+        if env.w.pending_for(&path).is_some() {
+            out.push(Effect::SpendReserve(path));
         }
         self.status = r;
         self.last_write = Instant::now();
     }
 
-    /// Grow the reserve back once there is room (tried every 10 s), and feed
-    /// the watchdog. It is fed from the loop itself, so a wedged loop gets
-    /// restarted.
-    pub fn turn(&mut self) {
-        self.reserve.ensure();
-        if self.watchdog.is_some_and(|w| self.last_watchdog.elapsed() >= w) {
-            sd_notify("WATCHDOG=1");
-            self.last_watchdog = Instant::now();
-        }
+    /// Write daemon.json when due (`write`), and feed the watchdog. It is
+    /// fed from the loop itself, so a wedged loop gets restarted.
+    pub fn turn(&mut self, env: &mut Env, facts: Facts, out: &mut Vec<Effect>) {
+        self.write(env, facts, false, out);
+        self.watchdog.feed();
     }
 
     pub fn next_wake(&self) -> Option<Instant> {
-        [
-            Some(self.last_write + REPORT_AT_LEAST),
-            self.due,
-            self.reserve.next_wake(),
-            self.watchdog.map(|w| self.last_watchdog + w),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [Some(self.last_write + REPORT_AT_LEAST), self.due, self.watchdog.next_wake()].into_iter().flatten().min()
     }
 }
 
-pub use crate::store::fsutil::space_shortage;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
 
-/// Space preallocated in `runspool/storage-reserve` so that the daemon can
-/// still write its own `daemon.json` (and say `degraded`) on a filesystem
-/// someone else filled to the last byte: released (unlinked, which frees
-/// its blocks and its inode) when a daemon.json write meets a capacity
-/// error, and what that write left over taken back at once, so spending the
-/// reserve gives nobody else room; grown back to full size once there is
-/// room again.
-pub struct Reserve {
-    path: PathBuf,
-    /// Bytes allocated now (0: no reserve file).
-    size: u64,
-    released: bool,
-    next_try: Instant,
-}
-
-pub const RESERVE_BYTES: u64 = 64 * 1024;
-const RESERVE_RETRY: Duration = Duration::from_secs(10);
-
-impl Reserve {
-    pub fn new(l: &Layout) -> Reserve {
-        Reserve { path: l.storage_reserve(), size: 0, released: false, next_try: Instant::now() }
-    }
-
-    /// Bring the reserve to its full size when it is short (at most every 10 s).
-    pub fn ensure(&mut self) {
-        if self.size >= RESERVE_BYTES || Instant::now() < self.next_try {
-            return;
-        }
-        match preallocate(&self.path, RESERVE_BYTES, self.size) {
-            Ok(()) => {
-                self.size = RESERVE_BYTES;
-                if std::mem::take(&mut self.released) {
-                    tracing::info!(path = %self.path.display(), "storage reserve recreated");
-                }
-            }
-            Err(e) => {
-                self.next_try = Instant::now() + RESERVE_RETRY;
-                tracing::debug!(path = %self.path.display(), error = %e, "cannot grow the storage reserve yet");
-            }
+    fn facts(running: usize) -> Facts {
+        Facts {
+            runs: RunCounts { queued: 0, running },
+            queue: QueueInfo::default(),
+            degraded: None,
+            last_rescan_at: None,
+            min_free_bytes: 7,
+            steward: false,
         }
     }
 
-    /// When `ensure` should try again (None: the reserve is whole).
-    pub fn next_wake(&self) -> Option<Instant> {
-        (self.size < RESERVE_BYTES).then_some(self.next_try)
+    #[test]
+    fn daemon_json_says_what_the_daemon_knows_and_counts_wait_for_their_debounce() {
+        let mut r = Root::new();
+        let mut rep = Reporter::new(&r.layout, &r.cfg, None, &r.watch);
+        let mut out = Vec::new();
+        rep.write(&mut r.env(), facts(1), true, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(r.w.flush());
+        let d = crate::store::daemon_json::read(&r.layout).expect("daemon.json written");
+        assert_eq!((d.pid, d.runs.running, d.storage.state.as_str()), (std::process::id(), 1, "ok"));
+        assert_eq!(d.storage.min_free_bytes, Some(7));
+        assert_eq!(d.started_at, rep.started_at());
+
+        // A new count right after a write waits (at most REPORT_EVERY).
+        rep.turn(&mut r.env(), facts(2), &mut out);
+        assert!(r.w.flush());
+        assert_eq!(crate::store::daemon_json::read(&r.layout).unwrap().runs.running, 1);
+        assert!(rep.next_wake().is_some_and(|t| t <= Instant::now() + REPORT_EVERY));
+        std::thread::sleep(REPORT_EVERY);
+        rep.turn(&mut r.env(), facts(2), &mut out);
+        assert!(r.w.flush());
+        assert_eq!(crate::store::daemon_json::read(&r.layout).unwrap().runs.running, 2);
+
+        // Storage turning degraded is written at once, with its reason.
+        let mut f = facts(2);
+        f.degraded = Some("the disk is full".into());
+        rep.turn(&mut r.env(), f, &mut out);
+        assert!(r.w.flush());
+        let d = crate::store::daemon_json::read(&r.layout).unwrap();
+        assert_eq!((d.storage.state.as_str(), d.storage.reason.as_deref()), ("degraded", Some("the disk is full")));
+        assert!(d.storage.since.is_some());
     }
-
-    /// Give the reserve's space back. True when there was one to give.
-    pub fn release(&mut self) -> bool {
-        if self.size == 0 {
-            return false;
-        }
-        self.size = 0;
-        self.released = true;
-        self.next_try = Instant::now() + RESERVE_RETRY;
-        match std::fs::remove_file(&self.path) {
-            Ok(()) => {
-                tracing::warn!(path = %self.path.display(), "released the storage reserve to write daemon.json on a full filesystem");
-                true
-            }
-            Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot release the storage reserve");
-                false
-            }
-        }
-    }
-
-    /// Right after a release and the write it made room for: keep what the
-    /// write did not use, so the release frees nothing for anyone else.
-    pub fn take_back(&mut self) {
-        let dir = self.path.parent().unwrap_or(Path::new("/"));
-        let avail = crate::platform::free_space(dir).map(|(b, _)| b).unwrap_or(0);
-        let len = avail.min(RESERVE_BYTES) / 4096 * 4096;
-        if len > 0 && preallocate(&self.path, len, 0).is_ok() {
-            self.size = len;
-        }
-    }
-}
-
-/// Allocate `len` bytes in the regular file at `path` (created 0600, never
-/// through a symlink; an existing one is reused). On failure the file is
-/// cut back to `keep` bytes, or removed when `keep` is 0.
-fn preallocate(path: &Path, len: u64, keep: u64) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::other(format!("{} is not a regular file; remove it", path.display())));
-    }
-    let r = allocate(&f, len);
-    if r.is_err() {
-        if keep == 0 {
-            let _ = std::fs::remove_file(path);
-        } else {
-            let _ = f.set_len(keep);
-        }
-    }
-    r
-}
-
-#[cfg(target_os = "linux")]
-fn allocate(f: &std::fs::File, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) } {
-        0 => Ok(()),
-        errno => Err(io::Error::from_raw_os_error(errno)),
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn allocate(mut f: &std::fs::File, len: u64) -> io::Result<()> {
-    use std::io::{Seek, SeekFrom, Write};
-    f.seek(SeekFrom::Start(0))?;
-    f.write_all(&vec![0u8; len as usize])?;
-    f.sync_all()
-}
-
-static NOTIFY_SOCKET: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-static WATCHDOG: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-
-/// Read what the service manager put in our environment (`NOTIFY_SOCKET`,
-/// `WATCHDOG_*`), then remove every variable of `platform::SCRUBBED_ENV` from
-/// it, so no child (runner, step, hook, provider) inherits them. Perf: with
-/// nothing to remove, a runner is spawned without copying the environment.
-/// Call it before any other thread starts (it changes the environment).
-pub fn take_service_env() {
-    let _ = notify_socket();
-    let _ = watchdog_interval();
-    for k in crate::platform::SCRUBBED_ENV {
-        std::env::remove_var(k);
-    }
-}
-
-fn notify_socket() -> Option<&'static std::ffi::OsString> {
-    NOTIFY_SOCKET.get_or_init(|| std::env::var_os("NOTIFY_SOCKET")).as_ref()
-}
-
-/// sd_notify(3) without libsystemd: one datagram to `$NOTIFY_SOCKET`.
-/// A no-op outside systemd (and under launchd).
-pub fn sd_notify(state: &str) {
-    let Some(path) = notify_socket() else { return };
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    let bytes = path.as_encoded_bytes();
-    let r = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::linux::net::SocketAddrExt;
-            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
-                .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = abstract_name;
-            Ok(0)
-        }
-    } else {
-        sock.send_to(state.as_bytes(), std::path::Path::new(path))
-    };
-    if let Err(e) = r {
-        tracing::debug!(error = %e, "sd_notify failed");
-    }
-}
-
-/// Half the systemd watchdog period, when one is set for this process.
-pub fn watchdog_interval() -> Option<std::time::Duration> {
-    *WATCHDOG.get_or_init(watchdog_from_env)
-}
-
-fn watchdog_from_env() -> Option<std::time::Duration> {
-    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
-    if let Some(pid) = std::env::var("WATCHDOG_PID").ok().and_then(|p| p.parse::<u32>().ok()) {
-        if pid != std::process::id() {
-            return None;
-        }
-    }
-    Some(std::time::Duration::from_micros(usec / 2))
 }

@@ -11,20 +11,63 @@
 //! ended before the cutoff. Other hosts' runs and their markers stay as they are.
 //!
 //! Rejected requests in `spool/rejected/` go by the same limit, with their
-//! error files (`store::spool::sweep_rejected`).
+//! error files (`store::spool::reject::sweep_rejected`).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
+use super::part::Env;
 use crate::protocol::status::{State, Status, TerminalMarker};
 use crate::store::{fsutil, run, Layout, RunId};
 
+/// Retention sweeps at start-up and then this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// The retention part: its timer.
+pub struct Retention {
+    next: Instant,
+}
+
+impl Retention {
+    /// The first sweep is due at once (start-up).
+    pub fn new() -> Retention {
+        Retention { next: Instant::now() }
+    }
+
+    /// Sweep when due (at start-up, then hourly).
+    pub fn turn(&mut self, env: &mut Env) {
+        if Instant::now() < self.next {
+            return;
+        }
+        sweep(env.layout, env.cfg.retention_days);
+        self.next = Instant::now() + SWEEP_EVERY;
+    }
+
+    /// A new `retention_days`: sweep in the next turn.
+    pub fn sweep_soon(&mut self) {
+        self.next = Instant::now();
+    }
+
+    pub fn next_wake(&self) -> Option<Instant> {
+        Some(self.next)
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention::new()
+    }
+}
+
+/// One sweep: removals cut short, then expired runs and rejected requests.
+/// Returns how many were removed.
 pub fn sweep(l: &Layout, retention_days: u64) -> usize {
     remove_leftovers(&l.runs());
     if retention_days == 0 {
         return 0;
     }
     let cutoff = crate::now_ms() - (retention_days as i64) * 86_400_000;
-    let mut removed = crate::store::spool::sweep_rejected(l, cutoff);
+    let mut removed = crate::store::spool::reject::sweep_rejected(l, cutoff);
     let Ok(sessions) = std::fs::read_dir(l.terminal()) else { return 0 };
     for sdir in sessions.flatten() {
         if !sdir.file_type().is_ok_and(|t| t.is_dir()) {
@@ -76,7 +119,7 @@ fn remove_leftovers(runs: &Path) {
         // A staging directory may be a client's at work (`runspool stop` of a
         // pending request builds its rejected run there): it is a leftover when
         // its builder (the pid in its name) is gone, or when it is old.
-        let staging = name.strip_prefix(super::spool::STAGING_PREFIX);
+        let staging = name.strip_prefix(crate::store::spool::reject::STAGING_PREFIX);
         let builder_gone = || {
             staging
                 .and_then(|rest| rest.split('-').next())
@@ -94,5 +137,31 @@ fn remove_leftovers(runs: &Path) {
         if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+
+    #[test]
+    fn retention_sweeps_at_its_first_turn_then_only_when_due() {
+        let mut r = Root::new();
+        let runs = r.layout.runs();
+        let tombstone = |n: &str| runs.join(format!("{TOMBSTONE_PREFIX}{n}"));
+        std::fs::create_dir(tombstone("a")).unwrap();
+        let mut ret = Retention::new();
+        assert!(ret.next_wake().is_some_and(|t| t <= Instant::now()));
+        ret.turn(&mut r.env());
+        assert!(!tombstone("a").exists(), "a removal cut short is finished at the first sweep");
+        assert!(ret.next_wake().is_some_and(|t| t > Instant::now() + Duration::from_secs(3000)));
+
+        std::fs::create_dir(tombstone("b")).unwrap();
+        ret.turn(&mut r.env());
+        assert!(tombstone("b").exists(), "not due: no sweep");
+        ret.sweep_soon();
+        ret.turn(&mut r.env());
+        assert!(!tombstone("b").exists());
     }
 }

@@ -13,7 +13,6 @@ use super::supervisor::{RunnerProgram, Supervisor};
 use super::watch::Watch;
 use super::{bridge, hooks, report, retention, spool, Daemon, Options, StartError};
 use crate::config::Config;
-use crate::protocol::daemon::DaemonStatus;
 use crate::store::{fsutil, Layout, Writer};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
@@ -43,24 +42,22 @@ impl Daemon {
                 .map_err(StartError::Watch)?;
         // queue.json changes wake the loop (Hint::Queue); each turn re-checks it with one lstat.
         watch.add(&layout.daemon_dir());
-        let (previous_start, previous_seen) = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<DaemonStatus>(&b).ok())
-            .map(|d| (d.started_at, d.updated_at))
-            .unwrap_or((0, 0));
+        let (previous_start, previous_seen) =
+            crate::store::daemon_json::read(&layout).map(|d| (d.started_at, d.updated_at)).unwrap_or((0, 0));
         let exe = std::env::current_exe().map_err(|e| StartError::Io { path: "/proc/self/exe".into(), error: e })?;
         let mut d = Daemon {
             report: report::Reporter::new(&layout, &cfg, opts.config.as_deref(), &watch),
             recovery: Recovery::new(previous_start, previous_seen, Duration::from_secs(cfg.watch.rescan_interval_s)),
             supervisor: Supervisor::new(RunnerProgram::find(&exe)),
             scheduler: Default::default(),
-            intake: spool::Intake::default(),
-            storage: Storage::new(),
-            bridge: bridge::Bridge::new(&cfg, tx.clone()),
+            intake: spool::intake::Intake::default(),
+            storage: Storage::new(&layout),
+            providers: crate::providers::build_all(&cfg),
+            bridge: bridge::Bridge::new(tx.clone()),
             hooks: hooks::Hooks::new(&layout),
             steward: super::steward::Steward::new(),
             metrics: super::metrics::Metrics::new(None, 0),
-            next_retention: Instant::now() + Duration::from_secs(3600),
+            retention: retention::Retention::new(),
             layout,
             cfg,
             config_path: opts.config,
@@ -73,14 +70,18 @@ impl Daemon {
             watch_failed: None,
             stopping: false,
         };
+        crate::providers::check_in_background(&d.providers);
         d.metrics = super::metrics::Metrics::new(d.cfg.metrics_file.clone(), d.report.started_at());
         d.scheduler.ctl.check(&d.layout, d.cfg.max_running);
-        d.report.turn(); // the storage reserve, before daemon.json needs it
+        // The storage reserve, before daemon.json needs it.
+        let mut out = Vec::new();
+        d.storage.turn(&mut env_of!(d), &mut out);
+        d.apply(out);
         d.write_report(true);
         d.recover();
         // The re-adopted counts at once, not after the report debounce.
         d.write_report(true);
-        retention::sweep(&d.layout, d.cfg.retention_days);
+        d.retention.turn(&mut env_of!(d));
         tracing::info!(
             root = %d.layout.root.display(), watch = d.watch.choice.backend.as_str(),
             queued = d.scheduler.len(), running = d.supervisor.len(),
@@ -89,9 +90,6 @@ impl Daemon {
         Ok(d)
     }
 }
-
-/// A larger daemon.json is not read (the real one is about a kilobyte).
-const DAEMON_JSON_MAX: u64 = 1024 * 1024;
 
 /// How long a busy `daemon.lock` whose recorded holder is gone is retried.
 const LOCK_HOLDER_GONE_WAIT: Duration = Duration::from_secs(5);
@@ -114,13 +112,10 @@ fn take_daemon_lock(layout: &Layout) -> Result<File, StartError> {
             }
             return Ok(lock);
         }
-        let holder = fsutil::read_nofollow(&layout.daemon_json(), DAEMON_JSON_MAX)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-        let pid = holder.as_ref().and_then(|v| v.get("pid")).and_then(|p| p.as_u64()).filter(|p| *p <= u32::MAX as u64);
+        let holder = crate::store::daemon_json::read(layout);
+        let pid = holder.as_ref().map(|d| d.pid);
         let alive = pid.is_some_and(|pid| {
-            let pid = pid as u32;
-            let recorded = holder.as_ref().and_then(|v| v.get("startIdentity")).and_then(|s| s.as_str());
+            let recorded = holder.as_ref().and_then(|d| d.start_identity.as_deref());
             crate::platform::pid_alive(pid)
                 && match (recorded, crate::platform::start_identity(pid)) {
                     (Some(r), Some(now)) => r == now,

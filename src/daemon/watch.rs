@@ -215,7 +215,7 @@ fn describe(e: &notify::Error) -> String {
 fn handler(layout: &Layout, tx: Sender<Hint>) -> impl notify::EventHandler {
     let spool = layout.spool();
     let runs = layout.runs();
-    let queue = super::queue::path(layout);
+    let queue = crate::store::queue::path(layout);
     move |res: notify::Result<notify::Event>| match res {
         Ok(ev) => {
             if ev.need_rescan() {

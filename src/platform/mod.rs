@@ -1,10 +1,12 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
 //! process-group membership; `procs`: keeping a run's processes contained;
-//! `child`: the one child supervisor (process groups, signals, the kill ladder).
+//! `child`: the one child supervisor (process groups, signals, the kill ladder);
+//! `sdnotify`: the service manager's notify socket and watchdog.
 
 pub mod child;
 pub mod exec;
 pub mod procs;
+pub mod sdnotify;
 pub mod watch;
 
 use std::ffi::CString;

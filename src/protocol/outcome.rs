@@ -2,7 +2,7 @@
 //! steps and external-job steps alike (PROTOCOL §4). Pure: the runner
 //! gathers the facts, these functions say what status.json records.
 
-use super::status::{State, StepState, StepStatus};
+use super::status::{State, Status, StepState, StepStatus};
 
 /// Why the runner halts a run. Ordered weakest first: a stronger halt
 /// replaces a weaker one, never the reverse.
@@ -129,6 +129,20 @@ impl StepOutcome {
             st.stopped = Some(true);
         }
     }
+}
+
+/// Did a host other than runspool end this run of runspool's? Every
+/// terminal write of runspool's (its runner's end, a repair, the stop of a
+/// queued run, a rejection: `Status::end` and the rejected status) records
+/// the run's `exitCode`; pi-subagents 0.67's `reconcileAsyncRun` (both of
+/// its repairs: a dead pid, and a result that already exists) keeps every
+/// field of the running status it read and adds none, so a terminal status
+/// without `exitCode` was written by another host. Only a run that started
+/// something (a step with a `pid`, or an external job) can have leftovers.
+pub fn ended_elsewhere(s: &Status) -> bool {
+    !s.state.is_active()
+        && s.exit_code.is_none()
+        && s.steps.iter().any(|st| st.pid.is_some() || st.external_job.is_some())
 }
 
 #[cfg(test)]

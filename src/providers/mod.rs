@@ -28,6 +28,21 @@ pub fn build_all(cfg: &config::Config) -> Providers {
         .collect()
 }
 
+/// Check every provider on a thread of its own, logging each outcome:
+/// checks can take seconds (sinfo on an unreachable cluster), never in the
+/// daemon's loop.
+pub fn check_in_background(providers: &Providers) {
+    let checks: Vec<(String, Arc<dyn Provider>)> = providers.iter().map(|(n, (p, _))| (n.clone(), p.clone())).collect();
+    let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
+        for (name, p) in checks {
+            match p.check() {
+                Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
+                Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
+            }
+        }
+    });
+}
+
 pub fn build(name: &str, p: &config::Provider) -> Arc<dyn Provider> {
     match p.kind {
         config::ProviderKind::Slurm => Arc::new(slurm::Slurm::new(name)),
@@ -43,10 +58,8 @@ fn running_daemon_config(layout: &crate::store::Layout) -> Option<(u64, crate::p
     if !crate::store::fsutil::lock_held(&layout.daemon_lock()).unwrap_or(false) {
         return None;
     }
-    let bytes = crate::store::fsutil::read_nofollow(&layout.daemon_json(), 1 << 20).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let info = serde_json::from_value(v.get("config")?.clone()).ok()?;
-    Some((v["pid"].as_u64().unwrap_or(0), info))
+    let d = crate::store::daemon_json::read(layout)?;
+    Some((d.pid as u64, d.config?))
 }
 
 /// `runspool providers`: without `--config`, and with a daemon running on

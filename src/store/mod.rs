@@ -3,14 +3,17 @@
 //! (`run`), the indexes (`index`), result files (`results`) and the
 //! ownership/mode checks of the directories it writes into (`safety`),
 //! directories under a run by descriptor (`dirfd`) and the control inbox
-//! built on them (`inbox`).
+//! built on them (`inbox`); the one reader of daemon.json (`daemon_json`).
 
+pub mod daemon_json;
+pub mod deps;
 pub mod dirfd;
 pub mod fsutil;
 pub mod inbox;
 pub mod index;
 pub mod layout;
 pub mod queue;
+pub mod repaired;
 pub mod results;
 pub mod run;
 pub mod safety;

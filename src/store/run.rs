@@ -164,3 +164,10 @@ pub fn event(w: &mut Writer, run_dir: &Path, run_id: &str, kind: &str, fields: V
         Err(e) => tracing::warn!(run_id, error = %e, "could not append event {kind}"),
     }
 }
+
+/// Take `runner.lock` if no live runner holds it. Holding it proves the
+/// runner is gone and keeps a new one from starting while we repair or
+/// end the run.
+pub fn take_runner_lock(run_dir: &Path) -> io::Result<Option<std::fs::File>> {
+    fsutil::lock(&RunPaths::runner_lock(run_dir), true)
+}

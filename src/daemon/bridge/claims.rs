@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::work::{complete_after, respond_in_loop, spawn_worker, to_json, Work};
 use super::{Bridge, RequestKey};
 use crate::protocol::bridge::{ClaimOwner, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
-use crate::providers::{self, Provider};
+use crate::providers::{self, Provider, Providers};
 use crate::store::fsutil::{self, is_capacity};
 use crate::store::layout::{ClaimPaths, RunPaths};
 use crate::store::Writer;
@@ -104,7 +104,14 @@ impl Bridge {
     }
 
     /// A start claim without `completed.json`. True when we acted on it.
-    pub(super) fn recover_claim(&mut self, w: &mut Writer, run_id: &str, dir: &Path, id: &str) -> bool {
+    pub(super) fn recover_claim(
+        &mut self,
+        w: &mut Writer,
+        providers: &Providers,
+        run_id: &str,
+        dir: &Path,
+        id: &str,
+    ) -> bool {
         let claim = RunPaths::bridge_claim(dir, id);
         let owner: Option<ClaimOwner> = fsutil::read_nofollow(&ClaimPaths::owner(&claim), 64 * 1024)
             .ok()
@@ -160,7 +167,7 @@ impl Bridge {
             )
         };
         let (Some(creq), Some((provider, limit))) =
-            (creq.clone(), creq.as_ref().and_then(|r| self.providers.get(&r.provider).cloned()))
+            (creq.clone(), creq.as_ref().and_then(|r| providers.get(&r.provider).cloned()))
         else {
             let why = if creq.is_none() {
                 format!("its claim copy {} is unreadable", ClaimPaths::request(&claim).display())

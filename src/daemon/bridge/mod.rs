@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::hint::Hint;
+use super::part::Env;
 use super::watch::Watch;
-use crate::config::Config;
 use crate::protocol::bridge::{parse_request, Failure, FailureCode, Handle, Operation, Request, MAX_REQUEST_BYTES};
 use crate::protocol::ids::BridgeRequestId;
-use crate::providers::{self, Provider, Providers};
+use crate::providers::{self, Providers};
 use crate::store::dirfd::{DirFd, Kind};
 use crate::store::fsutil::{self};
 use crate::store::layout::{ClaimPaths, RunPaths, BRIDGE_REQUESTS, CLAIM_SUFFIX, CLAIM_TMP_INFIX};
@@ -56,7 +56,6 @@ struct Me {
 }
 
 pub struct Bridge {
-    providers: Providers,
     tx: Sender<Hint>,
     me: Me,
     inflight: HashSet<RequestKey>,
@@ -133,21 +132,9 @@ impl FileId {
 }
 
 impl Bridge {
-    pub fn new(cfg: &Config, tx: Sender<Hint>) -> Bridge {
+    pub fn new(tx: Sender<Hint>) -> Bridge {
         let pid = std::process::id();
-        // Checks can take seconds (sinfo on an unreachable cluster): never in the loop.
-        let checks: Vec<(String, std::sync::Arc<dyn Provider>)> =
-            cfg.providers.iter().map(|(name, p)| (name.clone(), providers::build(name, p))).collect();
-        let _ = std::thread::Builder::new().name("provider-checks".into()).spawn(move || {
-            for (name, p) in checks {
-                match p.check() {
-                    Ok(what) => tracing::info!(provider = %name, kind = p.kind(), check = %what, "provider ready"),
-                    Err(e) => tracing::warn!(provider = %name, error = %e, "provider check failed; its operations will fail until it is fixed"),
-                }
-            }
-        });
         Bridge {
-            providers: providers::build_all(cfg),
             tx,
             me: Me { pid, hostname: crate::platform::hostname(), identity: crate::platform::start_identity(pid) },
             inflight: HashSet::new(),
@@ -164,18 +151,13 @@ impl Bridge {
         }
     }
 
-    /// A reloaded configuration: operations in flight keep the provider they started with.
-    pub fn set_providers(&mut self, cfg: &Config) {
-        self.providers = providers::build_all(cfg);
+    /// The providers were rebuilt from a reloaded configuration (operations
+    /// in flight keep the provider they started with): sweep everything now.
+    pub fn providers_changed(&mut self) {
         self.next_full = Instant::now();
         // A provider added now may serve what was left alone.
         self.left_alone.clear();
         self.left_alone_len = 0;
-    }
-
-    /// The configured provider `name` with its time limit.
-    pub fn provider(&self, name: &str) -> Option<(std::sync::Arc<dyn Provider>, Duration)> {
-        self.providers.get(name).cloned()
     }
 
     /// A file event in a run's `external-job-requests/`.
@@ -204,13 +186,8 @@ impl Bridge {
 
     /// Sweep the runs that asked for it (and every running run once a second).
     /// Answers written on the loop go through `w`, the daemon's writer.
-    pub fn turn<'a>(
-        &mut self,
-        w: &mut Writer,
-        layout: &Layout,
-        running: impl Iterator<Item = &'a RunId>,
-        watch: &mut Watch,
-    ) {
+    pub fn turn<'a>(&mut self, env: &mut Env, running: impl Iterator<Item = &'a RunId>) {
+        let Env { w, layout, watch, providers, .. } = env;
         let running: HashSet<&str> = running.map(|r| r.as_str()).collect();
         let now = Instant::now();
         if now >= self.next_full {
@@ -237,14 +214,21 @@ impl Bridge {
         for run_id in std::mem::take(&mut self.dirty) {
             let Some(id) = RunId::parse(&run_id).filter(|_| running.contains(run_id.as_str())) else { continue };
             // This turn's reading is done: the rest waits for the next turn, at once.
-            if self.budget == 0 || self.sweep(w, layout, &id, watch) {
+            if self.budget == 0 || self.sweep(w, layout, providers, &id, watch) {
                 self.dirty.insert(run_id);
             }
         }
     }
 
     /// One sweep of one run. True when entries were left for the next turn.
-    fn sweep(&mut self, w: &mut Writer, layout: &Layout, run_id: &RunId, watch: &mut Watch) -> bool {
+    fn sweep(
+        &mut self,
+        w: &mut Writer,
+        layout: &Layout,
+        providers: &Providers,
+        run_id: &RunId,
+        watch: &mut Watch,
+    ) -> bool {
         let dir = layout.run_dir(run_id);
         // A run is its directory: a run directory replaced by a symbolic
         // link (or anything but a directory) is never followed (§3).
@@ -303,7 +287,7 @@ impl Bridge {
                 left += 1;
                 continue;
             }
-            if self.recover_claim(w, run_id, &dir, id) {
+            if self.recover_claim(w, providers, run_id, &dir, id) {
                 taken += 1;
             }
         }
@@ -319,7 +303,7 @@ impl Bridge {
                 continue;
             }
             taken += 1;
-            self.take_request(w, run_id, &dir, &id, parsed, (mtime, file));
+            self.take_request(w, providers, run_id, &dir, &id, parsed, (mtime, file));
         }
         if taken > 0 || left > 0 {
             tracing::debug!(run_id, taken, left, in_flight = self.inflight.len(), "bridge sweep");
@@ -403,9 +387,11 @@ impl Bridge {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn take_request(
         &mut self,
         w: &mut Writer,
+        providers: &Providers,
         run_id: &str,
         dir: &Path,
         id: &str,
@@ -431,7 +417,7 @@ impl Bridge {
                 return;
             }
         };
-        let Some((provider, limit)) = self.providers.get(&req.provider).cloned() else {
+        let Some((provider, limit)) = providers.get(&req.provider).cloned() else {
             if self.launched_by_us(run_id, dir) {
                 let f = providers::failure(
                     FailureCode::ProviderUnavailable,
@@ -625,3 +611,63 @@ mod claims;
 mod work;
 
 use work::{remove_answered, respond_in_loop, spawn_worker, Work};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::daemon::part::Effect;
+    use crate::daemon::spool::intake::{Gate, Intake};
+
+    #[test]
+    fn a_request_for_a_provider_not_configured_is_answered_and_removed() {
+        let mut r = Root::new();
+        let id = r.drop_request("bridge-1", "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(..)]), "{out:?}");
+        let dir = r.layout.run_dir(&id);
+        fsutil::mkdir_private_all(&RunPaths::bridge_requests(&dir)).unwrap();
+        let req = serde_json::json!({"id": "q1", "operation": "status", "provider": "nowhere",
+            "providerJobId": "7", "createdAt": crate::now_ms()});
+        std::fs::write(RunPaths::bridge_request(&dir, "q1"), serde_json::to_vec(&req).unwrap()).unwrap();
+
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut bridge = Bridge::new(tx);
+        bridge.hint(id.to_string());
+        assert!(bridge.wants_turn());
+        bridge.turn(&mut r.env(), [&id].into_iter());
+        assert!(r.w.flush());
+        let resp: Value =
+            serde_json::from_slice(&std::fs::read(RunPaths::bridge_response(&dir, "q1")).unwrap()).unwrap();
+        assert_eq!(resp["id"], "q1");
+        assert_eq!(
+            (resp["ok"].as_bool(), resp["code"].as_str()),
+            (Some(false), Some("provider-unavailable")),
+            "{resp}"
+        );
+        assert!(resp["message"].as_str().is_some_and(|m| m.contains("[providers.nowhere]")), "{resp}");
+        assert!(!RunPaths::bridge_request(&dir, "q1").exists(), "an answered request is removed");
+        assert_eq!(bridge.in_flight(), 0);
+    }
+
+    #[test]
+    fn runs_not_bridged_are_not_swept() {
+        let mut r = Root::new();
+        let id = r.drop_request("bridge-2", "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        let dir = r.layout.run_dir(&id);
+        fsutil::mkdir_private_all(&RunPaths::bridge_requests(&dir)).unwrap();
+        let req = serde_json::json!({"id": "q2", "operation": "status", "provider": "nowhere",
+            "providerJobId": "7", "createdAt": crate::now_ms()});
+        std::fs::write(RunPaths::bridge_request(&dir, "q2"), serde_json::to_vec(&req).unwrap()).unwrap();
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut bridge = Bridge::new(tx);
+        bridge.hint(id.to_string());
+        // Not among the bridged runs (its dead runner is being cleaned up, say).
+        bridge.turn(&mut r.env(), std::iter::empty());
+        assert!(RunPaths::bridge_request(&dir, "q2").exists());
+        assert!(!RunPaths::bridge_response(&dir, "q2").exists());
+    }
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use super::Hint;
+use crate::daemon::hint::Hint;
 use crate::protocol::bridge::{validate_handle, Completed, Failure, FailureCode, Handle, Operation, Request, Response};
 use crate::providers::{self, Call, Provider};
 use crate::store::fsutil;

@@ -5,10 +5,11 @@ use std::collections::VecDeque;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use super::{classify_name, reject_entry, Claimer, Grace, Name, Outcome};
+use super::{classify_name, Claimer, Grace, Name, Outcome};
 use crate::daemon::part::{Effect, Env};
 use crate::protocol::request::{Rejection, RejectionCode};
 use crate::store::fsutil::is_capacity;
+use crate::store::spool::reject::reject_entry;
 
 /// Most claims per loop turn, so a flood of requests never starves the
 /// scheduler and the liveness checks.
@@ -39,7 +40,7 @@ pub struct Intake {
     retry_at: Option<Instant>,
     /// Claimed in this turn: their active markers follow the start of runners.
     claimed: Vec<crate::store::RunId>,
-    pending: crate::daemon::deps::PendingIds,
+    pending: crate::store::deps::PendingIds,
     /// Milliseconds from publication to claim of the runs claimed since the
     /// last `take_latencies` (kept only while a metrics file is configured).
     latencies: Vec<u64>,
@@ -225,4 +226,59 @@ fn claim_latency(env: &Env, id: &crate::store::RunId, claimed_at: i64) -> Option
     let md = std::fs::symlink_metadata(crate::store::layout::RunPaths::request(&env.layout.run_dir(id))).ok()?;
     let published = md.mtime() * 1000 + md.mtime_nsec() / 1_000_000;
     Some((claimed_at - published).max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::protocol::status::State;
+
+    #[test]
+    fn a_paused_gate_claims_nothing_and_an_open_one_queues_the_request() {
+        let mut r = Root::new();
+        let id = r.drop_request("intake-1", "true");
+        let mut intake = Intake::default();
+        let mut out = Vec::new();
+        assert!(intake.due(Instant::now()), "a new intake looks at the spool at once");
+        intake.turn(&mut r.env(), Gate::Paused, &mut out);
+        assert!(out.is_empty(), "paused: {out:?}");
+        assert!(r.layout.spool().join("intake-1.json").exists(), "a paused queue leaves the request in the spool");
+        assert!(!r.layout.run_dir(&id).exists());
+
+        intake.mark_dirty();
+        intake.turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(q, s)] if *q == id && s.state == State::Queued), "{out:?}");
+        assert!(!r.layout.spool().join("intake-1.json").exists(), "the claim takes the request out of the spool");
+        assert_eq!(r.status(&id).state, State::Queued);
+        // The active marker follows the claim (after the runner's start).
+        intake.mark_claimed(&mut r.env());
+        assert!(r.w.flush());
+        assert!(r.layout.active_marker(&id).exists());
+    }
+
+    #[test]
+    fn a_bad_request_is_rejected_next_to_the_spool_and_not_queued() {
+        let mut r = Root::new();
+        std::fs::write(r.layout.spool().join("bad-1.json"), b"{\"version\": 1}").unwrap();
+        // Old enough to be past the write grace of a file that does not parse.
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(r.layout.spool().join("bad-1.json"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let mut intake = Intake::default();
+        let mut out = Vec::new();
+        intake.turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(out.iter().all(|e| !matches!(e, Effect::Queue(..))), "{out:?}");
+        assert!(!r.layout.spool().join("bad-1.json").exists());
+        let rejected: Vec<String> = std::fs::read_dir(r.layout.rejected())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(rejected.iter().any(|n| n.starts_with("bad-1")), "{rejected:?}");
+    }
 }

@@ -6,15 +6,11 @@
 //! ids, rejection, withdrawal) are in `store::spool`.
 
 mod claim;
-mod intake;
+pub mod intake;
 
+pub use crate::store::spool::claimed::mark_claimed;
 /// The rules clients share (names, entry checks, rejection, withdrawal) live in `store::spool`.
-pub use crate::store::spool::{
-    check_entry, claim_id, classify_name, finish_withdrawals, recover_rejected, reject, reject_entry, republish,
-    same_file, withdraw, FileId, Name, Withdrawal, STAGING_PREFIX,
-};
-pub use claim::{ensure_queued_event, finish_claim, finish_half_claim, mark_claimed, status_is_torn};
-pub use intake::{Gate, Intake};
+pub use crate::store::spool::{check_entry, claim_id, classify_name, reject, republish, same_file, FileId, Name};
 
 use std::io;
 
@@ -47,7 +43,7 @@ pub struct Claimer<'a> {
     pub ctx: &'a dyn Context,
     pub grace: &'a mut Grace,
     /// Requests in the spool, for `after` (PROTOCOL §15).
-    pub pending: &'a mut crate::daemon::deps::PendingIds,
+    pub pending: &'a mut crate::store::deps::PendingIds,
 }
 
 /// When the daemon first saw each unparsable entry in its current form

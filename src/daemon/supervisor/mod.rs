@@ -2,6 +2,7 @@
 //! re-adopted), their slots, reaping, liveness by `runner.lock`, and the
 //! repair of runs whose runner died (PROTOCOL §12).
 
+mod dead_runner;
 mod program;
 mod repair;
 
@@ -9,14 +10,14 @@ use std::collections::HashMap;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use super::bridge::Bridge;
-use super::dead_runner::DeadRunners;
 use super::part::{Effect, Env};
 use crate::protocol::status::Status;
 use crate::store::fsutil::is_capacity;
+use crate::store::repaired::ensure_published_status;
+use crate::store::run::take_runner_lock;
 use crate::store::{run, RunId};
+use dead_runner::DeadRunners;
 pub use program::{RunnerProgram, SpawnError};
-pub use repair::{ensure_published_status, take_runner_lock};
 
 struct Slot {
     /// None: a runner this daemon did not start (re-adopted); watched by its lock.
@@ -155,12 +156,12 @@ impl Supervisor {
 
     /// Settle the runs whose runner `reap` saw exit, and check runners we did
     /// not start (re-adopted ones) by their lock; repair the dead ones.
-    pub fn check(&mut self, env: &mut Env, bridge: &Bridge, out: &mut Vec<Effect>) {
+    pub fn check(&mut self, env: &mut Env, out: &mut Vec<Effect>) {
         let childless = self.running.iter().filter(|(_, s)| s.child.is_none()).map(|(id, _)| (id.clone(), false));
         let ids: Vec<(RunId, bool)> =
             std::mem::take(&mut self.settling).into_iter().map(|id| (id, true)).chain(childless).collect();
         for (id, reaped) in ids {
-            match self.settle(env, bridge, &id) {
+            match self.settle(env, &id) {
                 Settle::Alive => {
                     if reaped {
                         self.adopt(id);
@@ -185,7 +186,7 @@ impl Supervisor {
 
     /// One run of `check`: is its runner alive, and if not, its run repaired
     /// (or its publication finished)?
-    fn settle(&mut self, env: &mut Env, bridge: &Bridge, id: &RunId) -> Settle {
+    fn settle(&mut self, env: &mut Env, id: &RunId) -> Settle {
         let dir = env.layout.run_dir(id);
         if !run::claimed(&dir) {
             // Only runs we claimed get here; should one ever lose its
@@ -206,11 +207,13 @@ impl Supervisor {
         };
         let r = match run::read_status(&dir) {
             // Its processes and external jobs are being cleared; the repair follows.
-            Ok(Some(s)) if s.state.is_active() && self.dead.hold_repair(bridge, &dir, id, &s) => return Settle::Held,
+            Ok(Some(s)) if s.state.is_active() && self.dead.hold_repair(env.providers, &dir, id, &s) => {
+                return Settle::Held
+            }
             Ok(Some(s)) if s.state.is_active() => repair::repair(env.w, env.layout, id),
             Ok(Some(s)) => {
                 // Another host may have ended it after its runner died (PROTOCOL §12).
-                self.dead.clean_ended(bridge, &dir, id, &s);
+                self.dead.clean_ended(env.providers, &dir, id, &s);
                 ensure_published_status(env.w, env.layout, id, &s)
             }
             Ok(None) => Ok(()),
@@ -230,11 +233,11 @@ impl Supervisor {
     /// A terminal run of ours found by recovery: when another host ended it
     /// and its runner is dead (its lock is free), its leftover step
     /// processes and external jobs are cleaned up (`DeadRunners::clean_ended`).
-    pub fn clean_ended(&mut self, layout: &crate::store::Layout, bridge: &Bridge, id: &RunId, s: &Status) {
-        let dir = layout.run_dir(id);
+    pub fn clean_ended(&mut self, env: &mut Env, id: &RunId, s: &Status) {
+        let dir = env.layout.run_dir(id);
         // A runner that holds its lock is finishing its own end, which cleans up.
         if matches!(crate::store::fsutil::lock_held(&crate::store::layout::RunPaths::runner_lock(&dir)), Ok(false)) {
-            self.dead.clean_ended(bridge, &dir, id, s);
+            self.dead.clean_ended(env.providers, &dir, id, s);
         }
     }
 
@@ -264,4 +267,64 @@ enum Settle {
     Ended,
     /// Not ours to supervise, or its lock cannot be checked.
     Forget,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::part::testing::Root;
+    use crate::daemon::spool::intake::{Gate, Intake};
+    use crate::protocol::status::State;
+
+    /// A run claimed through the intake, queued, with no runner.
+    fn claimed(r: &mut Root, id: &str) -> RunId {
+        let id = r.drop_request(id, "true");
+        let mut out = Vec::new();
+        Intake::default().turn(&mut r.env(), Gate::Open, &mut out);
+        assert!(matches!(&out[..], [Effect::Queue(..)]), "{out:?}");
+        id
+    }
+
+    fn supervisor() -> Supervisor {
+        Supervisor::new(RunnerProgram::find(&std::env::current_exe().unwrap()))
+    }
+
+    #[test]
+    fn a_run_whose_runner_is_gone_is_repaired_failed_and_ends() {
+        let mut r = Root::new();
+        let id = claimed(&mut r, "sup-dead");
+        let mut sup = supervisor();
+        sup.adopt(id.clone());
+        assert!(sup.knows(&id));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        // The dead runner's leftovers are cleared on a thread first: check again until it ends.
+        while out.is_empty() && Instant::now() < deadline {
+            sup.check(&mut r.env(), &mut out);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(matches!(&out[..], [Effect::Ended(e)] if *e == id), "{out:?}");
+        assert!(!sup.knows(&id));
+        assert!(r.w.flush());
+        let s = r.status(&id);
+        assert_eq!(s.state, State::Failed);
+        assert!(s.error.as_deref().is_some_and(|e| e.contains("exited before recording a result")), "{:?}", s.error);
+        assert!(!r.layout.active_marker(&id).exists());
+    }
+
+    #[test]
+    fn a_run_whose_runner_lock_is_held_stays_supervised() {
+        let mut r = Root::new();
+        let id = claimed(&mut r, "sup-live");
+        // This test stands for the live runner: it holds runner.lock.
+        let _lock = crate::store::run::take_runner_lock(&r.layout.run_dir(&id)).unwrap().unwrap();
+        let mut sup = supervisor();
+        sup.adopt(id.clone());
+        let mut out = Vec::new();
+        sup.check(&mut r.env(), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(sup.knows(&id));
+        assert_eq!(sup.bridged().collect::<Vec<_>>(), vec![&id]);
+        assert_eq!(r.status(&id).state, State::Queued);
+    }
 }

@@ -1,14 +1,13 @@
 //! The spool's shared rules (PROTOCOL §2): what an entry name means, the
 //! checks on an entry's lstat, which file an entry is, the run id of a
 //! request without one, rejecting an entry (`reject`) and a client's
-//! withdrawal of a pending request (`withdraw`). The daemon's claim
+//! withdrawal of a pending request (`withdraw`), and what follows a claim's
+//! commit (`claimed`). The daemon's claim
 //! (`daemon::spool`) and every client (`client`, the CLI) use these.
 
+pub mod claimed;
 pub mod reject;
 pub mod withdraw;
-
-pub use reject::{finish_withdrawals, recover_rejected, reject_entry, sweep_rejected, STAGING_PREFIX};
-pub use withdraw::{withdraw, Withdrawal};
 
 use std::io;
 use std::os::unix::fs::MetadataExt;

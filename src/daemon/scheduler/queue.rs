@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::store::Layout;
 
-pub use crate::store::queue::{identity, path, read, read_file, write, QueueFile, ReadError};
+use crate::store::queue::{identity, path, read_file, QueueFile, ReadError};
 
 /// A regular file that does not parse may be a client's write in progress
 /// (not atomic, or in pieces): left for later while its mtime is under this

@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::bridge::Bridge;
 use crate::protocol::bridge::{FailureCode, Handle, Operation, MAX_MESSAGE};
 use crate::protocol::status::Status;
-use crate::providers::{Call, ProviderError};
+use crate::providers::{Call, ProviderError, Providers};
 use crate::store::fsutil::is_capacity;
 use crate::store::layout::{ClaimPaths, RunPaths};
 use crate::store::{run, Writer};
@@ -55,19 +54,7 @@ pub struct DeadRunners {
 /// The event that records the clean-up of a run another host ended.
 pub const LEFTOVERS_CLEANED: &str = "subagent.run.leftovers_cleaned";
 
-/// Did a host other than runspool end this run of runspool's? Every
-/// terminal write of runspool's (its runner's end, a repair, the stop of a
-/// queued run, a rejection: `Status::end` and the rejected status) records
-/// the run's `exitCode`; pi-subagents 0.67's `reconcileAsyncRun` (both of
-/// its repairs: a dead pid, and a result that already exists) keeps every
-/// field of the running status it read and adds none, so a terminal status
-/// without `exitCode` was written by another host. Only a run that started
-/// something (a step with a `pid`, or an external job) can have leftovers.
-pub fn ended_elsewhere(s: &Status) -> bool {
-    !s.state.is_active()
-        && s.exit_code.is_none()
-        && s.steps.iter().any(|st| st.pid.is_some() || st.external_job.is_some())
-}
+use crate::protocol::outcome::ended_elsewhere;
 
 impl DeadRunners {
     /// Is the run's clean-up under way? (The bridge then services none of its requests.)
@@ -78,7 +65,7 @@ impl DeadRunners {
     /// Called before repairing `run_id` (whose runner is dead, lock held by
     /// the caller, status `s` active). True: hold the repair, its processes
     /// and jobs are being cleared (ask again next turn). False: repair now.
-    pub fn hold_repair(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) -> bool {
+    pub fn hold_repair(&mut self, providers: &Providers, run_dir: &Path, run_id: &str, s: &Status) -> bool {
         if self.done.lock().map(|mut d| d.remove(run_id)).unwrap_or(false) {
             self.inflight.remove(run_id);
             self.settled.insert(run_id.to_string());
@@ -91,9 +78,9 @@ impl DeadRunners {
         if self.settled.contains(run_id) || !crate::store::run::claimed(run_dir) {
             return false;
         }
-        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), providers.get(&j.1).cloned())).collect();
         let starts: Vec<(Start, Configured)> =
-            starts_in_flight(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+            starts_in_flight(s).into_iter().map(|j| (j.clone(), providers.get(&j.1).cloned())).collect();
         let running: Vec<usize> = s
             .steps
             .iter()
@@ -147,7 +134,7 @@ impl DeadRunners {
     /// `subagent.run.leftovers_cleaned` and a log line say what was done.
     /// Once per run and daemon, and never again once the event is in
     /// `events.jsonl`.
-    pub fn clean_ended(&mut self, bridge: &Bridge, run_dir: &Path, run_id: &str, s: &Status) {
+    pub fn clean_ended(&mut self, providers: &Providers, run_dir: &Path, run_id: &str, s: &Status) {
         if !ended_elsewhere(s) || self.ended.contains(run_id) || !crate::store::run::claimed(run_dir) {
             return;
         }
@@ -156,9 +143,9 @@ impl DeadRunners {
         if crate::store::results::tail(&events, 1024 * 1024).contains(&format!("\"type\":\"{LEFTOVERS_CLEANED}\"")) {
             return;
         }
-        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+        let calls: Vec<Cancel> = live_jobs(s).into_iter().map(|j| (j.clone(), providers.get(&j.1).cloned())).collect();
         let starts: Vec<(Start, Configured)> =
-            starts_in_flight(s).into_iter().map(|j| (j.clone(), bridge.provider(&j.1))).collect();
+            starts_in_flight(s).into_iter().map(|j| (j.clone(), providers.get(&j.1).cloned())).collect();
         let started: Vec<usize> =
             s.steps.iter().enumerate().filter(|(_, st)| st.pid.is_some()).map(|(i, _)| i).collect();
         let (dir, id, state) = (run_dir.to_path_buf(), run_id.to_string(), s.state.as_str().to_string());

@@ -5,6 +5,8 @@
 //! of runs that have not started (a stop ends them `stopped`, PROTOCOL §9;
 //! `hold.json` and `release.json` hold and release them, §15).
 
+pub mod queue;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::path::Path;
@@ -12,16 +14,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::deps::{self, Dep, PendingIds};
 use super::part::{Effect, Env};
-use super::queue;
-use super::supervisor::take_runner_lock;
 use super::watch::Watch;
 use crate::config::Config;
 use crate::protocol::control::{describe, StopRequest};
 use crate::protocol::status::{OpenSteps, State, Status, StepState};
+use crate::store::deps::{self, Dep, PendingIds};
 use crate::store::dirfd::DirFd;
 use crate::store::layout::{RunPaths, CONTROL_HOLD, CONTROL_INTERRUPT, CONTROL_RELEASE, CONTROL_STOP, CONTROL_TIMEOUT};
+use crate::store::run::take_runner_lock;
 use crate::store::{inbox, results, run, RunId};
 
 /// The first and the longest delay before retrying a runner start that
