@@ -182,7 +182,7 @@ pub fn wait_out_capacity<T>(what: &Path, mut f: impl FnMut() -> io::Result<T>) -
 /// lock, and the open does not block).
 pub fn lock(path: &Path, nonblocking: bool) -> io::Result<Option<File>> {
     let opts = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).clone();
-    let f = open_checked(path, &opts, true)?;
+    let (f, _) = open_checked(path, &opts, Use::Lock)?;
     if flock(&f, nonblocking)? {
         Ok(Some(f))
     } else {
@@ -212,8 +212,8 @@ pub fn flock(f: &File, nonblocking: bool) -> io::Result<bool> {
 /// of death (PROTOCOL §12): a missing lock file means no runner ever held it.
 pub fn lock_held(path: &Path) -> io::Result<bool> {
     // Opened like `lock` opens it, so the two agree; never blocks.
-    let f = match open_checked(path, OpenOptions::new().read(true), true) {
-        Ok(f) => f,
+    let f = match open_checked(path, OpenOptions::new().read(true), Use::Lock) {
+        Ok((f, _)) => f,
         // A link or directory planted as a lock file is no held lock.
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::InvalidInput) => return Ok(false),
         Err(e) => return Err(e),
@@ -230,11 +230,26 @@ pub fn lock_held(path: &Path) -> io::Result<bool> {
 /// path), and blocking mode is restored for the reads and writes that follow.
 /// Other open errors keep their errno (`NotFound`, capacity) for the caller.
 pub fn open_regular(path: &Path, opts: &OpenOptions) -> io::Result<File> {
-    open_checked(path, opts, false)
+    open_checked(path, opts, Use::Write).map(|(f, _)| f)
 }
 
-/// [`open_regular`], also accepting a FIFO when `fifo_ok` (locks only).
-fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<File> {
+/// What a descriptor from [`open_checked`] is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// A lock: a FIFO is accepted too (see [`lock`]); nothing is read or written through it.
+    Lock,
+    /// Reading a regular file: `O_NONBLOCK` changes nothing for a regular
+    /// file's reads, so it is left set (perf: two fcntl calls fewer per open,
+    /// about a hundred per run).
+    Read,
+    /// Anything else, which may also be handed to a child as its stdout or
+    /// stderr: blocking mode restored, so the child sees the usual flags.
+    Write,
+}
+
+/// [`open_regular`] for `what`, with the file's metadata from its `fstat`.
+fn open_checked(path: &Path, opts: &OpenOptions, what: Use) -> io::Result<(File, std::fs::Metadata)> {
+    let fifo_ok = what == Use::Lock;
     use std::os::unix::fs::FileTypeExt;
     let mut opts = opts.clone();
     opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY);
@@ -250,9 +265,13 @@ fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<Fi
         }
         Err(e) => return Err(e),
     };
-    let kind = f.metadata()?.file_type();
+    let md = f.metadata()?;
+    let kind = md.file_type();
     if !(kind.is_file() || (fifo_ok && kind.is_fifo())) {
         return Err(not_regular(path, kind));
+    }
+    if what != Use::Write {
+        return Ok((f, md));
     }
     let fd = f.as_raw_fd();
     // SAFETY: fcntl on a descriptor we own; no memory is passed.
@@ -260,7 +279,7 @@ fn open_checked(path: &Path, opts: &OpenOptions, fifo_ok: bool) -> io::Result<Fi
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(f)
+    Ok((f, md))
 }
 
 fn not_regular(path: &Path, kind: std::fs::FileType) -> io::Error {
@@ -301,7 +320,7 @@ pub fn real_dir(dir: &Path) -> io::Result<()> {
 
 /// Open for reading through [`open_regular`].
 pub fn open_read(path: &Path) -> io::Result<File> {
-    open_regular(path, OpenOptions::new().read(true))
+    open_checked(path, OpenOptions::new().read(true), Use::Read).map(|(f, _)| f)
 }
 
 /// Open for appending (created 0600 if missing) through [`open_regular`].
@@ -311,8 +330,7 @@ pub fn open_append(path: &Path) -> io::Result<File> {
 
 /// Read a small file through [`open_regular`], at most `max` bytes.
 pub fn read_nofollow(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let f = open_read(path)?;
-    let md = f.metadata()?;
+    let (f, md) = open_checked(path, OpenOptions::new().read(true), Use::Read)?;
     // Perf: sized from the metadata, the read takes two calls instead of one per
     // doubling of the buffer (`take` hides the size from `read_to_end`).
     let mut buf = Vec::with_capacity(md.len().min(max) as usize + 1);

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Ctl, Kind, Msg, Outcome, Plan, Post, Report};
-use crate::protocol::bridge::{validate_handle, FailureCode, Handle, JobState, Operation, Request, Response, StartInput};
+use crate::protocol::bridge::{
+    validate_handle, FailureCode, Handle, JobState, Operation, Request, Response, StartInput,
+};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
