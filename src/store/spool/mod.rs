@@ -118,13 +118,29 @@ impl FileId {
             ino: md.ino(),
             size: md.len(),
             mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
-            loose: !crate::platform::inode_numbers_stable(dir),
+            loose: loose_on(md.dev(), dir),
         }
     }
     pub fn same(&self, o: &FileId) -> bool {
         self.dev == o.dev
             && (self.ino == o.ino || (self.loose && o.loose && self.size == o.size && self.mtime_ns == o.mtime_ns))
     }
+}
+
+/// Are inode numbers unstable on device `dev` (which holds `dir`)? Asked of
+/// the filesystem once per device and remembered: a device number names one
+/// mounted filesystem for as long as it is mounted. Perf: a claim compares
+/// file identities several times, each a statfs before.
+fn loose_on(dev: u64, dir: &Path) -> bool {
+    use std::sync::Mutex;
+    static SEEN: Mutex<Vec<(u64, bool)>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, loose)) = seen.iter().find(|(d, _)| *d == dev) {
+        return loose;
+    }
+    let loose = !crate::platform::inode_numbers_stable(dir);
+    seen.push((dev, loose));
+    loose
 }
 
 /// Does `path` (not followed) name the same file as `md`?
