@@ -213,7 +213,7 @@ fn service_unit_prints_what_a_package_ships() {
 
 /// The exit-code rule (README.md "exit | when") is in the `--help` of every
 /// command that follows a run to its end, with the codes for a stopped, a
-/// timed-out and a refused run (tests/cli_wait.rs checks they hold).
+/// timed-out and a refused run (tests/it/cli_wait.rs checks they hold).
 #[test]
 fn help_shows_the_exit_code_table() {
     for cmd in ["wait", "submit", "logs"] {

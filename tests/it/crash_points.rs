@@ -1,6 +1,6 @@
 //! Every crash point, enumerated (issue 18; docs/crash-points.md).
 //!
-//! tests/chaos.rs kills the daemon at random moments; this test kills it at
+//! tests/it/chaos.rs kills the daemon at random moments; this test kills it at
 //! each of its filesystem-changing calls in turn. A fixed workload (claims of
 //! valid and invalid requests, a chain, a parallel group, a withdrawal, a stop,
 //! an interrupt, a runner killed and repaired, `rm`, `clean`, retention and
@@ -17,9 +17,9 @@
 //! `inject=...:when=N` was the other candidate, but it counts per syscall and
 //! per thread (not one sequence per process) and ptrace slows every call.
 //!
-//! `cargo test --test crash_points` runs an evenly spread sample of the
+//! `cargo test --test it crash_points::` runs an evenly spread sample of the
 //! points, as many as fit in about two minutes per role; the full enumeration is
-//! `RUNSPOOL_CRASH_ALL=1 cargo test --release --test crash_points -- --nocapture`.
+//! `RUNSPOOL_CRASH_ALL=1 cargo test --release --test it crash_points:: -- --nocapture`.
 //! `RUNSPOOL_CRASH_POINTS=3,17` runs just those points (to replay a finding),
 //! `RUNSPOOL_CRASH_STRIDE=k` every k-th; `RUNSPOOL_CRASH_KEEP_TRACE=FILE`
 //! keeps the counting run's list of calls (FILE.daemon, FILE.runner).

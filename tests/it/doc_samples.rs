@@ -2,7 +2,7 @@
 //! sample is compared with what the current binary prints for the same
 //! kind of run, after normalizing what changes from run to run (the run id,
 //! the elapsed time, how long ago). The `doctor` sample is compared under a
-//! real user manager in tests/systemd_user.rs.
+//! real user manager in tests/it/systemd_user.rs.
 
 use crate::common;
 

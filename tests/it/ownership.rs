@@ -96,7 +96,7 @@ fn let_rescans_pass(n: u64) {
 #[test]
 fn runs_of_another_host_are_left_byte_for_byte_alone() {
     // `pi-dead` is a run the steward reconciles, as pi-subagents 0.67 would,
-    // 30 s after it first sees it (tests/steward.rs): off here, so that a
+    // 30 s after it first sees it (tests/it/steward.rs): off here, so that a
     // slow machine cannot turn this test into a test of the steward.
     let mut env = TestEnv::with_config(&format!("steward = false\n{FAST}"));
     let live = Sleeper::new();

@@ -3,7 +3,7 @@
 //! `reconcileAsyncRun` would reconcile it, byte for byte, and only then.
 //!
 //! Each byte-identity check runs 0.67's code (installed pinned from npm, as
-//! in tests/pi_compat.rs, driven through tests/pi/driver.mjs with its clock
+//! in tests/it/pi_compat.rs, driven through tests/pi/driver.mjs with its clock
 //! frozen) on a root, saves the tree, restores the original root at the same
 //! path, lets the daemon's steward act on it with the same frozen clock
 //! (`RUNSPOOL_STEWARD_NOW_MS`), and compares the trees: names, modes and
@@ -35,7 +35,7 @@ const DEAD_PID: i64 = 2_147_483_646;
 const HOUR: i64 = 3_600_000;
 
 // ---------------------------------------------------------------------------
-// pi-subagents 0.67.0 (the same pinned install as tests/pi_compat.rs)
+// pi-subagents 0.67.0 (the same pinned install as tests/it/pi_compat.rs)
 // ---------------------------------------------------------------------------
 
 fn tool_present(name: &str) -> bool {
@@ -56,7 +56,7 @@ struct Pi {
 }
 
 /// pi-subagents at PI_VERSION, installed once under a file lock (shared
-/// with tests/pi_compat.rs); None when node or npm is missing.
+/// with tests/it/pi_compat.rs); None when node or npm is missing.
 fn pi() -> Option<Pi> {
     if !tool_present("node") || !tool_present("npm") {
         report("skipped: node is not installed");
