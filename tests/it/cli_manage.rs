@@ -72,6 +72,7 @@ fn restart_of_a_finished_run_is_a_new_linked_run_with_the_same_steps() {
 #[test]
 fn restart_is_refused_for_another_hosts_run_and_an_active_run() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("own-live is fabricated running without an active marker");
     write_foreign_run(&env, "pi-done", now_ms() - 1000);
     let o = env.cli(&["restart", "pi-done"]);
     assert_ne!(o.status.code(), Some(0));
@@ -109,6 +110,7 @@ fn rm_removes_a_finished_run_its_result_and_markers() {
 #[test]
 fn rm_refuses_an_active_run_and_another_hosts_run_and_changes_nothing() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("own-live is fabricated running without an active marker");
     write_foreign_run(&env, "pi-done", now_ms() - 1000);
     env.fabricate_terminal_run("own-done", "default", now_ms() - 1000, "complete");
     env.fabricate_terminal_run("own-live", "default", now_ms(), "complete");
@@ -149,6 +151,7 @@ fn rm_refuses_an_active_run_and_another_hosts_run_and_changes_nothing() {
 #[test]
 fn clean_older_than_keeps_young_runs_and_dry_run_removes_nothing() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the fabricated young run has no result");
     let day = 86_400_000;
     env.fabricate_terminal_run("cl-old", "default", now_ms() - 3 * day, "failed");
     env.fabricate_result("cl-old");
@@ -171,6 +174,7 @@ fn clean_older_than_keeps_young_runs_and_dry_run_removes_nothing() {
 #[test]
 fn completion_lists_run_ids_and_pending_requests() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the request stays in the spool, the fabricated run has no result");
     env.fabricate_terminal_run("cmp-done-1", "default", now_ms() - 1000, "complete");
     env.drop_bytes(
         "cmp-pend",

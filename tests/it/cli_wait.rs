@@ -141,6 +141,7 @@ fn terminal_controls(bytes: &[u8]) -> bool {
 #[test]
 fn escapes_from_files_are_printed_visibly_never_sent_to_the_terminal() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the fabricated hostile run has no result");
     let hostile = "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m";
     // A run whose status.json (anyone's to write) carries escapes in its error and step names.
     env.fabricate_terminal_run("esc-run", "s", now_ms() - 1000, "failed");

@@ -18,6 +18,7 @@ fn clean_env() -> TestEnv {
 }
 
 fn assert_detects(env: &TestEnv, needle: &str) {
+    env.leaves_root_inconsistent("a defect planted to see the check find it");
     let errs = consistency_errors(env);
     assert!(errs.iter().any(|e| e.contains(needle)), "expected a problem mentioning {needle:?}, got {errs:?}");
 }
@@ -46,7 +47,12 @@ fn detects_temp_file() {
 fn detects_run_without_status_or_request() {
     let env = clean_env();
     mkdir_0700(&env.run_dir("half"));
+    write_file_mode(&env.run_dir("half").join("request.json"), b"{}", 0o600);
     assert_detects(&env, "run half has no (parsable) status.json");
+    // A run whose status says runspool launched it lost its request.json.
+    let mut st = env.status("good-1").unwrap();
+    st["launchedBy"] = json!("runspool");
+    write_file_mode(&env.run_dir("good-1").join("status.json"), st.to_string().as_bytes(), 0o600);
     fs::remove_file(env.run_dir("good-1").join("request.json")).unwrap();
     assert_detects(&env, "run good-1 (complete) has no request.json");
 }
@@ -117,6 +123,39 @@ fn detects_stale_tool_call_alias() {
     mkdir_0700(&d);
     write_file_mode(&d.join("good-1"), b"", 0o600);
     assert_detects(&env, "tool-call alias");
+}
+
+/// Runs runspool did not launch (PROTOCOL §14: no request.json, a status not
+/// marked `launchedBy: "runspool"`, or none) are left alone, so not checked.
+#[test]
+fn runs_of_another_launcher_are_not_checked() {
+    let env = clean_env();
+    let now = now_ms();
+    let pi = env.run_dir("pi-run");
+    mkdir_0700(&pi);
+    let st = json!({"runId": "pi-run", "sessionId": "s", "mode": "single", "state": "complete", "endedAt": now});
+    write_file_mode(&pi.join("status.json"), st.to_string().as_bytes(), 0o600);
+    write_file_mode(&pi.join(".status.json.1.tmp"), b"", 0o600);
+    write_file_mode(&env.active_dir().join("pi-run"), b"", 0o600);
+    mkdir_0700(&env.run_dir("pi-no-status-yet"));
+    assert_eq!(consistency_errors(&env), Vec::<String>::new());
+}
+
+/// The check that ends every test fails a test whose root is left
+/// inconsistent without saying why (here: a request nobody claimed).
+#[test]
+#[should_panic(expected = "the root is inconsistent at the end of the test (1 problems")]
+fn a_root_left_inconsistent_fails_the_test_at_its_end() {
+    let env = clean_env();
+    env.drop_bytes("never-claimed", b"{}");
+}
+
+/// A test that says why it leaves its root inconsistent is not failed for it.
+#[test]
+fn a_root_left_inconsistent_on_purpose_passes() {
+    let env = clean_env();
+    env.drop_bytes("never-claimed", b"{}");
+    env.leaves_root_inconsistent("the spool entry stays: no daemon runs in this test");
 }
 
 #[test]

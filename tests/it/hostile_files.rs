@@ -344,6 +344,7 @@ fn hook_log_is_capped() {
 #[test]
 fn fifo_terminal_marker_does_not_hang_retention() {
     let mut env = TestEnv::new();
+    env.leaves_root_inconsistent("a FIFO stands in place of a terminal marker");
     let sdir = env.terminal_dir().join("default");
     mkdir_0700(&sdir);
     mkfifo(&sdir.join("0000000000000001-old-run.json"));

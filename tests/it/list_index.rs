@@ -18,6 +18,7 @@ fn list_ids(v: &Value) -> Vec<String> {
 #[test]
 fn recent_uses_terminal_index_newest_first() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("statuses corrupted and adversarial terminal markers, on purpose");
     let session = "sess-list";
     let base = now_ms() - 3_000_000;
     let n = 2000;
@@ -91,6 +92,7 @@ fn recent_uses_terminal_index_newest_first() {
 #[test]
 fn recent_filters_by_session() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the fabricated runs have no results");
     let base = now_ms() - 100_000;
     for i in 0..10 {
         let s = if i % 2 == 0 { "even/session" } else { "odd" };
@@ -108,6 +110,7 @@ fn recent_filters_by_session() {
 #[test]
 fn active_ignores_and_removes_stale_markers() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("fabricated runs without results, and a marker of a run with no status yet");
     let now = now_ms();
     // A genuinely active (queued) run.
     let live = "live-queued";
@@ -158,6 +161,7 @@ fn active_ignores_and_removes_stale_markers() {
 #[test]
 fn recent_cache_never_goes_stale() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the fabricated runs have no results");
     mkdir_0700(&env.root.join("runspool"));
     let session = "sess-cache";
     let base = now_ms() - 3_000_000;
@@ -199,6 +203,7 @@ fn recent_cache_never_goes_stale() {
 #[test]
 fn list_says_when_it_caps_and_when_nothing_is_active() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the fabricated runs have no results");
     let base = now_ms() - 100_000;
     for i in 0..25 {
         env.fabricate_terminal_run(&format!("cap-{i:02}"), "sess-cap", base + i * 1000, "complete");

@@ -40,6 +40,7 @@ fn json_rows(o: &Output) -> Vec<Value> {
 #[test]
 fn a_pending_request_is_listed_with_state_pending_without_a_daemon() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the request stays in the spool");
     let id = submit(&env, &["--session", "s-pend", "--", "echo", "waiting-marker"]);
     for args in [&["list"][..], &["list", "--active"], &["list", "--recent", "3"], &["list", "--session", "s-pend"]] {
         let o = env.cli(args);

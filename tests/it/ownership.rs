@@ -183,6 +183,7 @@ fn runs_of_another_host_are_left_byte_for_byte_alone() {
 #[test]
 fn retention_never_follows_a_marker_outside_runspools_own_runs() {
     let mut env = TestEnv::with_config("retention_days = 1\n[watch]\nrescan_interval_s = 1\n");
+    env.leaves_root_inconsistent("terminal markers that name paths outside the runs root, planted on purpose");
     let day = 86_400_000i64;
     let old = now_ms() - 40 * day;
     // Victims: a directory outside the root, one inside the runs root without
@@ -305,6 +306,7 @@ fn doctor_warns_that_pi_hosts_remove_runs_older_than_30_days() {
         [(0, true, "warn"), (90, true, "warn"), (30, true, "ok"), (7, true, "ok"), (0, false, "ok")]
     {
         let env = TestEnv::with_config(&format!("retention_days = {days}\n"));
+        env.leaves_root_inconsistent("no daemon runs: the fabricated runs have no markers or results");
         // One of runspool's own runs is there in every case: it is not a pi host's.
         let own = env.run_dir("rs-own");
         mkdir_0700(&own);

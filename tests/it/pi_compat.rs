@@ -581,6 +581,7 @@ fn runspool_list_keeps_terminal_markers_of_partial_and_workflow_pi_runs() {
 fn pi_retention_beside_a_live_daemon_keeps_pis_tombstones_and_kept_runs() {
     let pi = pi_or_skip!();
     let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.leaves_root_inconsistent("pi's tombstones: terminal markers pi keeps for runs it removed");
     env.start_daemon();
     env.submit(&runspool_request(&env, "rs-old", "sess-ret", vec![sh_step("a", "true")]));
     env.wait_terminal("rs-old");
@@ -819,6 +820,7 @@ fn pid_gone(pid: i64) -> bool {
 fn leftovers_of_a_runspool_run_pi_ended_are_cleaned_up_and_its_status_kept() {
     let pi = pi_or_skip!();
     let mut env = TestEnv::with_config(FAST_RESCAN);
+    env.leaves_root_inconsistent("pi ended this run of runspool's and wrote its result in pi's own form");
     let engine = Engine::configure(&env);
     env.start_daemon();
     let id = "rs-ended-by-pi";

@@ -66,6 +66,7 @@ fn decoy(env: &TestEnv, name: &str) -> PathBuf {
 #[test]
 fn ids_read_from_files_never_steer_the_daemon_outside_its_root() {
     let mut env = TestEnv::with_config(FAST);
+    env.leaves_root_inconsistent("statuses that name hostile run ids, planted on purpose");
     // Ids that climb out of the runs root (<base>/root/async-subagent-runs).
     let victim = env.base().join("victim.txt");
     fs::write(&victim, b"do not touch").unwrap();
@@ -125,6 +126,7 @@ fn ids_read_from_files_never_steer_the_daemon_outside_its_root() {
 #[test]
 fn a_copied_running_run_is_not_mistaken_for_its_original() {
     let mut env = TestEnv::with_config(FAST);
+    env.leaves_root_inconsistent("orig.bak is a copy of a run directory, its status naming orig");
     env.start_daemon();
     let gate = env.work.join("gate");
     let (id, _) = env.submit(&request(Some("orig"), &env.work, vec![sh_step("a", &gate_wait(&gate))]));
@@ -150,6 +152,7 @@ fn a_copied_running_run_is_not_mistaken_for_its_original() {
 #[test]
 fn rm_and_clean_remove_only_the_directory_named() {
     let env = TestEnv::with_config(FAST);
+    env.leaves_root_inconsistent("statuses that name other runs, planted on purpose");
     let ended = now_ms() - 3_600_000;
     env.fabricate_terminal_run("kept", "s", ended, "complete");
     env.fabricate_result("kept");

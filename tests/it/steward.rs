@@ -324,6 +324,7 @@ fn compare_with_pi(pi: &Pi, env: &mut TestEnv, ids: &[&str], t: i64) -> BTreeMap
 fn steward_writes_what_pi_0_67_writes_core() {
     let pi = pi_or_skip!();
     let mut env = TestEnv::new();
+    env.leaves_root_inconsistent("pi's tool-call alias of a run that is not there");
     let t = now_ms();
 
     // Dead pid, with aliases under two tool-call directories and an empty one.

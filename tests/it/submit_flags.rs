@@ -17,6 +17,7 @@ fn spooled(env: &TestEnv, id: &str) -> Value {
 #[test]
 fn submit_wait_timeout_without_a_daemon_returns_with_its_own_exit_code() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the request stays in the spool");
     // Generous: the wait gives up after 3 s; the harness kills it at 60 s.
     let o = env.cli_timeout(
         &["submit", "--cwd", env.work.to_str().unwrap(), "--wait", "--wait-timeout", "3s", "--", "true"],
@@ -33,6 +34,7 @@ fn submit_wait_timeout_without_a_daemon_returns_with_its_own_exit_code() {
 #[test]
 fn run_timeout_sets_the_run_limit_and_timeout_is_deprecated() {
     let env = TestEnv::new();
+    env.leaves_root_inconsistent("no daemon runs: the requests stay in the spool");
     let cwd = env.work.to_str().unwrap().to_string();
     let o = env.cli(&["submit", "--cwd", &cwd, "--run-id", "rt-new", "--run-timeout", "7s", "--", "true"]);
     assert_eq!(o.status.code(), Some(0), "{}", describe(&o));

@@ -1,23 +1,21 @@
 //! The whole-root consistency check (spool, temp files, runs, active and
-//! terminal markers, results), run by tests once everything has settled.
+//! terminal markers, results): every TestEnv's drop ends its test with it, and
+//! a test may run it earlier, once everything has settled.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{is_active_state, is_terminal_state, list_names, poll_until, read_json, seg, walk_all, TestEnv};
+use super::{is_active_state, is_terminal_state, list_names, poll_until, seg, walk_all, TestEnv};
 
 impl TestEnv {
     /// Assert the whole root is consistent (call it once everything has settled).
     /// The invariants are eventual (the result and the indexes follow the terminal
     /// status), so this waits up to 30 s for them to hold, then reports what does not.
     pub fn check_consistency(&self) {
-        let mut errors = vec![];
-        poll_until(Duration::from_secs(30), || {
-            errors = consistency_errors(self);
-            errors.is_empty()
-        });
+        let errors = self.settled_consistency_errors();
         if !errors.is_empty() {
             panic!(
                 "consistency check failed ({} problems):\n  {}\n{}",
@@ -26,6 +24,18 @@ impl TestEnv {
                 self.log_tail(40)
             );
         }
+    }
+}
+
+impl TestEnv {
+    /// `consistency_errors` once they are gone or after 30 s, whichever comes first.
+    pub fn settled_consistency_errors(&self) -> Vec<String> {
+        let mut errors = vec![];
+        poll_until(Duration::from_secs(30), || {
+            errors = consistency_errors(self);
+            errors.is_empty()
+        });
+        errors
     }
 }
 
@@ -41,10 +51,25 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
     if !pending.is_empty() {
         errs.push(format!("spool still holds {:?}", pending));
     }
+    // PROTOCOL §14: a run is runspool's when it is a directory (never a symlink)
+    // where its claim left request.json or whose status says runspool launched
+    // it. Every other entry (a pi host's run, a symlink planted in the runs
+    // root) is left as it is, so neither it nor its markers are checked.
+    let foreign: HashSet<String> = env
+        .run_ids()
+        .into_iter()
+        .filter(|id| {
+            let dir = env.run_dir(id);
+            !fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+                || !is_regular(&dir.join("request.json"))
+                    && regular_json(&dir.join("status.json")).is_none_or(|st| st["launchedBy"] != "runspool")
+        })
+        .collect();
+    let in_foreign_run = |p: &std::path::Path| foreign.iter().any(|id| p.starts_with(env.run_dir(id)));
     // 2. temp files anywhere
     for p in walk_all(&env.root) {
         let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if n.starts_with('.') && n.ends_with(".tmp") {
+        if n.starts_with('.') && n.ends_with(".tmp") && !in_foreign_run(&p) {
             errs.push(format!("leftover temp file {}", p.display()));
         }
     }
@@ -52,11 +77,14 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
     let mut statuses: BTreeMap<String, Value> = BTreeMap::new();
     for id in env.run_ids() {
         let dir = env.run_dir(&id);
+        if foreign.contains(&id) {
+            continue;
+        }
         if !dir.is_dir() {
             errs.push(format!("{} in runs root is not a directory", id));
             continue;
         }
-        let st = match read_json(&dir.join("status.json")) {
+        let st = match regular_json(&dir.join("status.json")) {
             Some(s) => s,
             None => {
                 errs.push(format!("run {} has no (parsable) status.json", id));
@@ -64,7 +92,7 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
             }
         };
         let state = st["state"].as_str().unwrap_or("").to_string();
-        if state != "rejected" && !dir.join("request.json").is_file() {
+        if state != "rejected" && !is_regular(&dir.join("request.json")) {
             errs.push(format!("run {} ({}) has no request.json", id, state));
         }
         if st["runId"].as_str() != Some(id.as_str()) {
@@ -77,7 +105,7 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
     }
     // 4. active markers
     let markers: HashSet<String> = env.active_markers().into_iter().collect();
-    for m in &markers {
+    for m in markers.iter().filter(|m| !foreign.contains(*m)) {
         match statuses.get(m) {
             None => errs.push(format!("active marker {} has no run with a status", m)),
             Some(st) => {
@@ -100,7 +128,7 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
         if names.is_empty() {
             errs.push(format!("empty tool-call alias dir {}", d.display()));
         }
-        for n in names {
+        for n in names.into_iter().filter(|n| !foreign.contains(n)) {
             let active = statuses.get(&n).and_then(|s| s["state"].as_str()).map(is_active_state).unwrap_or(false);
             if !active {
                 errs.push(format!("tool-call alias {}/{} for a run that is not active", sub, n));
@@ -119,6 +147,9 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
         let rid = c["runId"].as_str().unwrap_or("").to_string();
         if rid.is_empty() {
             errs.push(format!("unparsable terminal marker {}/{}", sdir, f));
+            continue;
+        }
+        if foreign.contains(&rid) {
             continue;
         }
         by_run.entry(rid).or_default().push((sdir, f, c));
@@ -178,7 +209,7 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
                 }
             }
         }
-        match read_json(&env.result_path(id)) {
+        match regular_json(&env.result_path(id)) {
             None => errs.push(format!("terminal run {} ({}) has no result file", id, s)),
             Some(r) => {
                 if r["runId"].as_str() != Some(id.as_str()) {
@@ -194,4 +225,20 @@ pub fn consistency_errors(env: &TestEnv) -> Vec<String> {
         }
     }
     errs
+}
+
+/// The JSON of `p` when it is a regular file (not through a symlink) of at most
+/// 16 MiB: a hostile root's FIFO or device in a file's place must not block or
+/// flood the check that ends every test.
+fn regular_json(p: &std::path::Path) -> Option<Value> {
+    let m = fs::symlink_metadata(p).ok()?;
+    if !m.file_type().is_file() || m.len() > 16 << 20 {
+        return None;
+    }
+    serde_json::from_slice(&fs::read(p).ok()?).ok()
+}
+
+/// A regular file, not followed through a symlink.
+fn is_regular(p: &std::path::Path) -> bool {
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
 }

@@ -1,11 +1,14 @@
 //! The test environment: a temporary root (mode 0700) with the standard layout,
 //! a work directory outside it, the config and log paths, and the optional
-//! daemon child. On drop it SIGKILLs the daemon and every process of the root.
+//! daemon child. Its drop ends every scenario: the whole-root consistency
+//! check first (while the daemon still runs, so what is eventual can settle),
+//! then SIGKILL for the daemon and every process of the root.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Child;
+use std::sync::OnceLock;
 
 use super::{kill_root_processes, mkdir_0700, DEFAULT_CONFIG};
 
@@ -21,6 +24,9 @@ pub struct TestEnv {
     pub extra_args: Vec<String>,
     /// Extra environment of the daemon (and so of its runners).
     pub extra_env: Vec<(String, String)>,
+    /// Why this test leaves its root inconsistent on purpose; unset, the drop
+    /// fails the test unless the root passes `check_consistency`.
+    inconsistent_on_purpose: OnceLock<String>,
 }
 
 impl TestEnv {
@@ -40,8 +46,17 @@ impl TestEnv {
         let config_path = base.join("config.toml");
         fs::write(&config_path, config).unwrap();
         let log_path = base.join("daemon.log");
-        let env =
-            TestEnv { tmp, root, work, config_path, log_path, child: None, extra_args: vec![], extra_env: vec![] };
+        let env = TestEnv {
+            tmp,
+            root,
+            work,
+            config_path,
+            log_path,
+            child: None,
+            extra_args: vec![],
+            extra_env: vec![],
+            inconsistent_on_purpose: OnceLock::new(),
+        };
         env.ensure_layout();
         env
     }
@@ -93,8 +108,23 @@ impl TestEnv {
     }
 }
 
+impl TestEnv {
+    /// Opt out of the consistency check that ends every test, saying why: the
+    /// test leaves the root inconsistent on purpose (a crash it does not
+    /// recover from, a hostile or fabricated root, a spool the daemon must
+    /// not claim from). The first reason given is kept.
+    pub fn leaves_root_inconsistent(&self, why: &str) {
+        let _ = self.inconsistent_on_purpose.set(why.to_string());
+    }
+}
+
 impl Drop for TestEnv {
     fn drop(&mut self) {
+        // A test that already fails is not failed again; one that opted out is not checked.
+        let inconsistent = match self.inconsistent_on_purpose.get() {
+            None if !std::thread::panicking() => self.settled_consistency_errors(),
+            _ => vec![],
+        };
         if let Some(mut c) = self.child.take() {
             unsafe {
                 libc::kill(c.id() as libc::pid_t, libc::SIGKILL);
@@ -102,7 +132,7 @@ impl Drop for TestEnv {
             let _ = c.wait();
         }
         kill_root_processes(&self.root, &self.base());
-        if std::thread::panicking() {
+        if std::thread::panicking() || !inconsistent.is_empty() {
             eprintln!("{}", self.log_tail(150));
             eprintln!("{}", self.runs_summary(20));
             if std::env::var("RUNSPOOL_TEST_KEEP").is_ok() {
@@ -110,6 +140,14 @@ impl Drop for TestEnv {
                 eprintln!("keeping test dir {}", p.display());
                 std::mem::forget(std::mem::replace(&mut self.tmp, tempfile::tempdir().unwrap()));
             }
+        }
+        if !inconsistent.is_empty() {
+            panic!(
+                "the root is inconsistent at the end of the test ({} problems; a test that means it calls \
+                 env.leaves_root_inconsistent(why)):\n  {}",
+                inconsistent.len(),
+                inconsistent.join("\n  ")
+            );
         }
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! Every test gets its own temporary root (mode 0700) and, when it needs one,
 //! its own daemon. The harness never trusts timing: it waits on conditions with
-//! generous deadlines. On drop it SIGKILLs the daemon and every process that
-//! belongs to the root (runners and step processes), so no test leaks processes.
+//! generous deadlines. On drop it checks that the root is consistent (a test
+//! that leaves it otherwise on purpose says why with `leaves_root_inconsistent`),
+//! then SIGKILLs the daemon and every process that belongs to the root (runners
+//! and step processes), so no test leaks processes.
 #![allow(dead_code)]
 
 mod cli;
