@@ -8,7 +8,7 @@
 #   scripts/build-deb.sh --profile dev --no-build --fast
 #                                              package the debug binary that
 #                                              `cargo test` already built (the
-#                                              CI check in tests/packaging.rs)
+#                                              CI check in tests/it/packaging.rs)
 #   scripts/build-deb.sh --profile profiling --dbgsym
 #                                              line tables in a -dbgsym package
 #                                              (other options go to cargo deb)

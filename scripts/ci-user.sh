@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create, idempotently, the unprivileged user that the second-user tests
-# (tests/second_user.rs) run the daemon as. Needs root; does nothing otherwise.
+# (tests/it/second_user.rs) run the daemon as. Needs root; does nothing otherwise.
 # Only this user is added: no other machine-wide setting is touched.
 set -euo pipefail
 user="${RUNSPOOL_TEST_USER:-runspool-ci}"

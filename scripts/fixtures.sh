@@ -3,7 +3,7 @@
 # needs root (apt-get). Tests call it themselves, so `cargo test` as root
 # on a fresh Debian machine has what it needs.
 #   scripts/fixtures.sh [TOOL...]     tools: bindfs btrfs strace prlimit journald xmllint
-#                                     tmux (tests/top.rs), groff ruby rpm rpmlint (packaging tests;
+#                                     tmux (tests/it/top.rs), groff ruby rpm rpmlint (packaging tests;
 #                                     not in the default set)
 set -euo pipefail
 want=("$@")

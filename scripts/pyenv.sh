@@ -1,10 +1,10 @@
 #!/bin/sh
 # A private Python environment for the tests that need Python packages
-# (tests/schemas.rs validates runspool's files with `jsonschema`).
+# (tests/it/schemas.rs validates runspool's files with `jsonschema`).
 #
 #   scripts/pyenv.sh [--venv DIR] PACKAGE==VERSION|./LOCAL/DIR...
 #
-# (tests/clients.rs installs pytest and ./clients/python with it: a local
+# (tests/it/clients.rs installs pytest and ./clients/python with it: a local
 # directory is installed every time, so the venv holds the tree's code.)
 #
 # Creates DIR (default: $CARGO_TARGET_DIR/py-venv, else <repo>/target/py-venv)

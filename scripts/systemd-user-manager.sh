@@ -2,7 +2,7 @@
 # Start or stop a real systemd user manager (`systemd --user`) for the
 # unprivileged test user (scripts/ci-user.sh), on a host where systemd is
 # installed but is not PID 1 (CI machines, containers). Used by
-# tests/systemd_user.rs; handy by hand too. Needs root.
+# tests/it/systemd_user.rs; handy by hand too. Needs root.
 #
 #   scripts/systemd-user-manager.sh start STATE_DIR HOME_DIR
 #   scripts/systemd-user-manager.sh stop  STATE_DIR

@@ -3,7 +3,7 @@
 #
 # Before the first release, replace OWNER below and the sha256 with the
 # release tarball's (`brew fetch --build-from-source runspool` prints it).
-# The version in the URL must match Cargo.toml (tests/packaging.rs checks).
+# The version in the URL must match Cargo.toml (tests/it/packaging.rs checks).
 class Runspool < Formula
   desc "Per-user supervisor for background runs, driven by files in a spool directory"
   homepage "https://github.com/OWNER/runspool"

@@ -1,4 +1,4 @@
-/* Crash-point shim for tests/crash_points.rs (docs/crash-points.md).
+/* Crash-point shim for tests/it/crash_points.rs (docs/crash-points.md).
  *
  * Loaded with LD_PRELOAD into the daemon (and so into every process it
  * starts), it wraps glibc's entry points for the calls that change the

@@ -1,6 +1,6 @@
 # Evaluate packaging/homebrew/runspool.rb without Homebrew: just enough of
 # the Formula DSL to run the class body and its `service do` block, printed
-# as JSON for tests/packaging.rs to hold against the launchd plist.
+# as JSON for tests/it/packaging.rs to hold against the launchd plist.
 #   ruby tests/packaging/brew_formula.rb packaging/homebrew/runspool.rb
 require "json"
 require "pathname"

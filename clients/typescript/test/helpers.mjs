@@ -17,7 +17,7 @@ export function runspoolBin() {
 	if (!bin) {
 		throw new Error(
 			"RUNSPOOL_BIN is not set: build runspool (`cargo build`) and run the suite with RUNSPOOL_BIN=<repo>/target/debug/runspool " +
-				"(`cargo test --test clients typescript_client_suite` does this)",
+				"(`cargo test --test it clients::typescript_client_suite` does this)",
 		);
 	}
 	if (!fs.existsSync(bin)) throw new Error(`RUNSPOOL_BIN=${bin} does not exist: build it with \`cargo build\``);
