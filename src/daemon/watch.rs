@@ -262,6 +262,10 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         return Some(Hint::Spool);
     }
     let parent = p.parent()?;
+    // A run's `external-job-requests/` made in its watched directory.
+    if p.file_name()? == BRIDGE_REQUESTS && parent.parent()? == runs {
+        return Some(Hint::Bridge(parent.file_name()?.to_string_lossy().into_owned()));
+    }
     if parent == spool {
         // Dot names are temps: only their rename to a real name matters.
         let name = p.file_name()?.to_string_lossy();
@@ -304,5 +308,16 @@ mod tests {
             classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop-requests/1-u.json")),
             Some(Hint::Control(id)) if id.as_str() == "x"
         ));
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/external-job-requests")),
+            Some(Hint::Bridge(id)) if id == "x"
+        ));
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/external-job-requests/a-1.json")),
+            Some(Hint::Bridge(id)) if id == "x"
+        ));
+        // The run's other files wake nobody.
+        assert!(classify(spool, runs, Path::new("/r/async-subagent-runs/x/status.json")).is_none());
+        assert!(classify(spool, runs, Path::new("/r/async-subagent-runs/x/output-0.log")).is_none());
     }
 }
