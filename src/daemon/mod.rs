@@ -249,6 +249,10 @@ impl Daemon {
         self.steward.turn(&mut env!(self));
         self.write_report(false);
         self.report.turn();
+        if self.scheduler.drained() {
+            self.watch.compact();
+            crate::platform::release_free_memory();
+        }
     }
 
     /// Start-up recovery (PROTOCOL §12): hooks owed, the live runs of the
