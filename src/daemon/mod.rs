@@ -250,6 +250,10 @@ impl Daemon {
         self.metrics.turn(&metrics_view(&self.scheduler, &self.cfg, &self.watch, &facts));
         self.report.turn(&mut env_of!(self), facts, &mut out);
         self.apply(out);
+        if self.scheduler.drained() {
+            self.watch.compact();
+            crate::platform::release_free_memory();
+        }
     }
 
     /// Start-up recovery (PROTOCOL §12): hooks owed, the live runs of the

@@ -321,18 +321,29 @@ impl Recovery {
         }
         // Withdrawals whose client was cut short after moving the entry.
         spool::reject::finish_withdrawals(env.w, env.layout, env.cfg);
-        let Ok(active) = index::list_active(env.layout) else { return };
-        self.foreign.clear();
-        for x in active {
-            let Ok(s) = x.status else { continue };
+        // Runs this daemon knows are queued or running are not read again: a
+        // backlog costs the rescan a listing, not every queued run's status.
+        let mut foreign = HashSet::new();
+        let mut found = Vec::new();
+        let listed = index::each_active(env.layout, &|id| !known(id), &mut |x| {
+            let Ok(s) = x.status else { return };
             if !x.ownership.is_ours() {
-                self.foreign.insert(x.run_id);
-            } else if !known(&x.run_id) {
-                out.push(match s.state {
-                    State::Queued => Effect::Queue(x.run_id, Box::new(s)),
-                    _ => Effect::Adopt(x.run_id),
-                });
+                foreign.insert(x.run_id);
+            } else {
+                found.push((x.run_id, s));
             }
+        });
+        if listed.is_err() {
+            return;
+        }
+        self.foreign = foreign;
+        // In claim order, as the index lists them.
+        found.sort_by(|a, b| (a.1.queue.claimed_at, &a.0).cmp(&(b.1.queue.claimed_at, &b.0)));
+        for (id, s) in found {
+            out.push(match s.state {
+                State::Queued => Effect::Queue(id, Box::new(s)),
+                _ => Effect::Adopt(id),
+            });
         }
     }
 

@@ -94,7 +94,10 @@ impl Steward {
             }
             let Some(id) = e.file_name().to_str().and_then(RunId::parse) else { continue };
             self.look(env, &id, now);
-            looked.insert(id);
+            // Only what `seen` may keep: not every queued run of a backlog.
+            if self.seen.contains_key(&id) {
+                looked.insert(id);
+            }
         }
         self.seen.retain(|id, _| looked.contains(id));
     }

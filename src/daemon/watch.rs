@@ -7,7 +7,7 @@
 //! that fails at run time is replaced (by polling if native fails again)
 //! without a restart.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
@@ -40,8 +40,12 @@ impl Active {
 pub struct Watch {
     backend: Active,
     pub choice: Choice,
-    /// Every directory we watch besides the spool, re-added on replacement.
+    /// Every directory we watch besides the spool and the control inboxes,
+    /// re-added on replacement.
     dirs: BTreeSet<PathBuf>,
+    /// Runs whose control inbox is watched (`watch_control`), re-added on
+    /// replacement: ids, not their two paths, for a backlog of 20,000.
+    controls: HashSet<RunId>,
     layout: Layout,
     tx: Sender<Hint>,
     poll_interval: Duration,
@@ -87,6 +91,7 @@ impl Watch {
             backend,
             choice,
             dirs: BTreeSet::new(),
+            controls: HashSet::new(),
             layout: layout.clone(),
             tx,
             poll_interval,
@@ -124,15 +129,59 @@ impl Watch {
     /// Watch a queued run's control inbox: `control/` and 0.67's
     /// `control/stop-requests/` (the caller creates both).
     pub fn watch_control(&mut self, run_id: &RunId) {
+        if self.controls.insert(run_id.clone()) {
+            self.add_control(run_id);
+        }
+    }
+
+    fn add_control(&mut self, run_id: &RunId) {
         let dir = self.layout.run_dir(run_id);
-        self.add(&RunPaths::control(&dir));
-        self.add(&RunPaths::stop_requests(&dir));
+        for d in [RunPaths::control(&dir), RunPaths::stop_requests(&dir)] {
+            if let Err(e) = self.backend.watcher().watch(&d, RecursiveMode::NonRecursive) {
+                tracing::debug!(dir = %d.display(), error = %e, "cannot watch a directory; the rescan covers it");
+            }
+        }
     }
 
     pub fn unwatch_control(&mut self, run_id: &RunId) {
-        let dir = self.layout.run_dir(run_id);
-        self.remove(&RunPaths::stop_requests(&dir));
-        self.remove(&RunPaths::control(&dir));
+        if self.controls.remove(run_id) {
+            let dir = self.layout.run_dir(run_id);
+            let _ = self.backend.watcher().unwatch(&RunPaths::stop_requests(&dir));
+            let _ = self.backend.watcher().unwatch(&RunPaths::control(&dir));
+            // A set never shrinks by itself: give back what a backlog grew it to.
+            if self.controls.capacity() > 64 && self.controls.len() < self.controls.capacity() / 4 {
+                self.controls.shrink_to_fit();
+            }
+        }
+    }
+
+    /// After a backlog drained: a new native watcher on the same
+    /// directories in place of the one whose tables grew with the backlog
+    /// (notify keeps two maps entry per watch, 40,000 entries for 20,000
+    /// queued runs, and its maps never shrink). The new one watches
+    /// everything before the old one is dropped: no event falls between.
+    pub fn compact(&mut self) {
+        if !self.is_native() {
+            return;
+        }
+        let mut b = match native(&self.layout, self.tx.clone()) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %describe(&e), "keeping the file watcher as it is");
+                return;
+            }
+        };
+        for d in &self.dirs {
+            let _ = b.watcher().watch(d, RecursiveMode::NonRecursive);
+        }
+        for id in &self.controls {
+            let dir = self.layout.run_dir(id);
+            for d in [RunPaths::control(&dir), RunPaths::stop_requests(&dir)] {
+                let _ = b.watcher().watch(&d, RecursiveMode::NonRecursive);
+            }
+        }
+        self.backend = b;
+        self.spool_identity = identity(&self.layout.spool());
     }
 
     /// Has the spool directory been replaced (removed and created again)
@@ -187,6 +236,10 @@ impl Watch {
         let dirs: Vec<PathBuf> = std::mem::take(&mut self.dirs).into_iter().collect();
         for d in dirs {
             self.add(&d);
+        }
+        let controls: Vec<RunId> = self.controls.iter().cloned().collect();
+        for id in controls {
+            self.add_control(&id);
         }
     }
 }
@@ -262,6 +315,10 @@ fn classify(spool: &Path, runs: &Path, p: &Path) -> Option<Hint> {
         return Some(Hint::Spool);
     }
     let parent = p.parent()?;
+    // A run's `external-job-requests/` made in its watched directory.
+    if p.file_name()? == BRIDGE_REQUESTS && parent.parent()? == runs {
+        return Some(Hint::Bridge(parent.file_name()?.to_string_lossy().into_owned()));
+    }
     if parent == spool {
         // Dot names are temps: only their rename to a real name matters.
         let name = p.file_name()?.to_string_lossy();
@@ -304,5 +361,16 @@ mod tests {
             classify(spool, runs, Path::new("/r/async-subagent-runs/x/control/stop-requests/1-u.json")),
             Some(Hint::Control(id)) if id.as_str() == "x"
         ));
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/external-job-requests")),
+            Some(Hint::Bridge(id)) if id == "x"
+        ));
+        assert!(matches!(
+            classify(spool, runs, Path::new("/r/async-subagent-runs/x/external-job-requests/a-1.json")),
+            Some(Hint::Bridge(id)) if id == "x"
+        ));
+        // The run's other files wake nobody.
+        assert!(classify(spool, runs, Path::new("/r/async-subagent-runs/x/status.json")).is_none());
+        assert!(classify(spool, runs, Path::new("/r/async-subagent-runs/x/output-0.log")).is_none());
     }
 }

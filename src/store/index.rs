@@ -108,23 +108,33 @@ impl Listed {
 /// unreadable statuses are left alone.
 pub fn list_active(l: &Layout) -> io::Result<Vec<Listed>> {
     let mut out = Vec::new();
+    each_active(l, &|_| true, &mut |x| out.push(x))?;
+    out.sort_by_cached_key(|x| (x.ok().map(|s| s.queue.claimed_at).unwrap_or(0), x.run_id.clone()));
+    Ok(out)
+}
+
+/// `list_active` one run at a time, unsorted, without the list: only the
+/// markers `want` picks have their status read; `f` gets each active run.
+/// The daemon's rescan over a backlog of 20,000 queued runs it knows holds
+/// no status of theirs (it used to hold all 20,000 at once).
+pub fn each_active(l: &Layout, want: &dyn Fn(&RunId) -> bool, f: &mut dyn FnMut(Listed)) -> io::Result<()> {
     let dir = match std::fs::read_dir(l.active()) {
         Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
     for e in dir.flatten() {
         let name = e.file_name();
         // Names outside the run-id grammar cannot name a run directory.
         let Some(id) = name.to_str().and_then(RunId::parse) else { continue };
-        if !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
+        if !want(&id) || !e.file_type().map(|t| t.is_file()).unwrap_or(false) {
             continue;
         }
         let run_dir = l.run_dir(&id);
         match read_status(&run_dir) {
             Ok(Some(s)) if s.state.is_active() => {
                 let ownership = ownership(&run_dir, Some(&s));
-                out.push(Listed { run_id: id, ownership, status: Ok(s) });
+                f(Listed { run_id: id, ownership, status: Ok(s) });
             }
             Ok(Some(s)) => {
                 if ownership(&run_dir, Some(&s)).is_ours() {
@@ -140,12 +150,11 @@ pub fn list_active(l: &Layout) -> io::Result<Vec<Listed>> {
             }
             Err(err) => {
                 let ownership = ownership(&run_dir, None);
-                out.push(Listed { run_id: id, ownership, status: Err(err.to_string()) });
+                f(Listed { run_id: id, ownership, status: Err(err.to_string()) });
             }
         }
     }
-    out.sort_by_cached_key(|x| (x.ok().map(|s| s.queue.claimed_at).unwrap_or(0), x.run_id.clone()));
-    Ok(out)
+    Ok(())
 }
 
 /// The newest `limit` terminal runs, from the markers alone: only the status

@@ -177,6 +177,51 @@ fn chain_with_an_external_middle_step_completes() {
     env.check_consistency();
 }
 
+/// Issue 23: a 5 s run limit failed a run whose job had completed. The
+/// runner's first request is served on its file event (the run directory is
+/// watched until `external-job-requests/` appears), not on the next sweep:
+/// a trivial job's run ends well inside such a limit.
+#[test]
+fn a_short_external_job_completes_within_a_five_second_run_limit() {
+    let (mut env, eng) = env_with_engine("");
+    env.start_daemon();
+    let ids = ["ext-short-1", "ext-short-2", "ext-short-3"];
+    for id in ids {
+        let mut req = request(Some(id), &env.work, vec![ext_step("remote", "engine", "true")]);
+        req["timeoutMs"] = json!(5000);
+        env.submit(&req);
+        let st = env.wait_terminal(id);
+        assert_eq!(st["state"], "complete", "{st:#}\n{}", env.output_log(id, 0));
+        assert_eq!(st["steps"][0]["externalJob"]["state"], "completed", "{st:#}");
+    }
+    assert_eq!(eng.count("start"), ids.len());
+    env.check_consistency();
+}
+
+/// Without native events (`watch.strategy = "poll"`, as when inotify
+/// watches run out) the sweep still serves every request.
+#[test]
+fn external_jobs_are_served_by_the_sweep_when_polling() {
+    let env = TestEnv::new();
+    let eng = Engine::new(&env);
+    let cfg = DEFAULT_CONFIG.replace("[watch]\n", "[watch]\nstrategy = \"poll\"\n");
+    assert!(cfg.contains("strategy"), "{cfg}");
+    env.write_config(&format!(
+        "{cfg}[providers.engine]\ntype = \"command\"\ncommand = [\"{}\"]\ntimeout_ms = 30000\n",
+        eng.exe.display()
+    ));
+    let mut env = env;
+    env.start_daemon();
+    let d = read_json(&env.daemon_json()).unwrap();
+    assert_eq!(d["watch"]["strategy"], "poll", "{d}");
+    let id = "ext-poll-1";
+    env.submit(&request(Some(id), &env.work, vec![ext_step("remote", "engine", "echo polled")]));
+    let st = env.wait_terminal(id);
+    assert_eq!(st["state"], "complete", "{st:#}\n{}", env.output_log(id, 0));
+    assert_eq!(eng.count("start"), 1);
+    env.check_consistency();
+}
+
 #[test]
 fn failing_job_fails_the_run_with_the_engine_reason() {
     let (mut env, _eng) = env_with_engine("");

@@ -62,7 +62,12 @@ pub struct Bridge {
     dirty: BTreeSet<String>,
     next_full: Instant,
     retry_at: HashMap<RequestKey, Instant>,
+    /// Runs whose `external-job-requests/` is watched.
     watched: HashSet<String>,
+    /// Runs whose directory is watched (native events only) until their
+    /// `external-job-requests/` appears: the runner makes it with its first
+    /// request, which is then served on its event, not on the next sweep.
+    awaiting: HashSet<String>,
     launched: HashMap<String, bool>,
     /// Request entries that are not regular files and could not be removed
     /// (a non-empty directory): answered once, then skipped while the same
@@ -142,6 +147,7 @@ impl Bridge {
             next_full: Instant::now(),
             retry_at: HashMap::new(),
             watched: HashSet::new(),
+            awaiting: HashSet::new(),
             launched: HashMap::new(),
             refused: HashSet::new(),
             deferred: HashMap::new(),
@@ -201,6 +207,20 @@ impl Bridge {
             }
             keep
         });
+        self.awaiting.retain(|r| {
+            let keep = running.contains(r.as_str());
+            if let (false, Some(id)) = (keep, RunId::parse(r)) {
+                watch.remove(&layout.run_dir(&id));
+            }
+            keep
+        });
+        if watch.is_native() {
+            for r in &running {
+                if !self.watched.contains(*r) && !self.awaiting.contains(*r) {
+                    self.await_requests(layout, r, watch);
+                }
+            }
+        }
         self.launched.retain(|r, _| running.contains(r.as_str()));
         self.retry_at.retain(|k, _| running.contains(k.run_id.as_str()));
         self.refused.retain(|(k, _)| running.contains(k.run_id.as_str()));
@@ -218,6 +238,24 @@ impl Bridge {
                 self.dirty.insert(run_id);
             }
         }
+    }
+
+    /// Watch a run that has just started (or was adopted, or is another
+    /// host's) for its `external-job-requests/`: its directory until that
+    /// appears (`watch::classify` turns its creation into a hint), and a
+    /// sweep now, which watches the requests directory if it is there
+    /// already. Watches that cannot be added (the inotify limit) leave the
+    /// run to the sweep once a second.
+    fn await_requests(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) {
+        let Some(id) = RunId::parse(run_id) else { return };
+        let dir = layout.run_dir(&id);
+        // Never a watch through a run directory replaced by a symbolic link (§3).
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return;
+        }
+        watch.add(&dir);
+        self.awaiting.insert(run_id.to_string());
+        self.dirty.insert(run_id.to_string());
     }
 
     /// One sweep of one run. True when entries were left for the next turn.
@@ -254,6 +292,13 @@ impl Bridge {
             }
             _ => {}
         }
+        // Watched before it is listed: a request written in between has its event.
+        if self.watched.insert(run_id.to_string()) {
+            watch.add(&reqdir);
+            if self.awaiting.remove(run_id) {
+                watch.remove(&dir);
+            }
+        }
         // Listed through descriptors opened O_NOFOLLOW|O_DIRECTORY from the
         // run directory down: a directory swapped for a link since the checks
         // above is not listed.
@@ -266,9 +311,6 @@ impl Bridge {
                 return false;
             }
         };
-        if self.watched.insert(run_id.to_string()) {
-            watch.add(&reqdir);
-        }
         let Listing { requests, mut claims, tmps } = listing;
         let mut taken = 0;
         let mut left = 0;

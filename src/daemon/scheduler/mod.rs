@@ -142,7 +142,9 @@ impl Slots<'_> {
 pub struct Scheduler {
     /// The runs still queued; a run stopped while queued leaves this map
     /// and its heap entry is dropped when it comes up.
-    runs: HashMap<RunId, Entry>,
+    /// Boxed: the table of a 20,000-run backlog holds pointers, not its
+    /// entries' room twice over (a hash table is a third empty or more).
+    runs: HashMap<RunId, Box<Entry>>,
     /// Per lane, the runs nothing but a slot holds back.
     lanes: HashMap<String, BinaryHeap<Queued>>,
     /// Who waits for whom: a dependency's end looks at its dependents again.
@@ -154,7 +156,7 @@ pub struct Scheduler {
     /// The lane of each run handed to a runner (or adopted), for the lane limits.
     running_lane: HashMap<RunId, String>,
     /// The run last handed out by `next_ready`, until its start is settled.
-    starting: Option<(RunId, Entry)>,
+    starting: Option<(RunId, Box<Entry>)>,
     pending: PendingIds,
     next_gate_check: Option<Instant>,
     /// A `GATE_POLL` pass is due to bring `waiting` up to date.
@@ -170,6 +172,8 @@ pub struct Scheduler {
     /// delay that led to it (doubling up to SPAWN_RETRY_MAX).
     retry_at: Option<Instant>,
     backoff: Option<Duration>,
+    /// The most runs queued at once since the queue was last empty.
+    high: usize,
 }
 
 impl Scheduler {
@@ -202,7 +206,7 @@ impl Scheduler {
         if let Some(t) = s.not_before() {
             self.timers.push(Reverse((t, id.clone())));
         }
-        let e = Entry {
+        let e = Box::new(Entry {
             lane: s.lane().to_string(),
             priority: s.queue.priority,
             order: Reverse((s.queue.claimed_at, self.seq)),
@@ -215,13 +219,35 @@ impl Scheduler {
             gen: 0,
             in_heap: false,
             shown: Shown { waiting: s.waiting().map(String::from), waiting_for: s.waiting_for(), held: s.held() },
-        };
+        });
         self.runs.insert(id.clone(), e);
+        self.high = self.high.max(self.runs.len());
         self.make_ready(id);
         self.poll_inbox(id);
         if self.next_gate_check.is_none() {
             self.next_gate_check = Some(Instant::now() + GATE_POLL);
         }
+    }
+
+    /// True once when the queue has emptied after a backlog of at least
+    /// `BACKLOG` runs: its maps, which never shrink by themselves, are
+    /// given their memory back (with the queue empty, whatever is left in
+    /// the lane heaps, timers and dependents is stale), and the caller
+    /// hands the freed memory back to the system.
+    pub fn drained(&mut self) -> bool {
+        const BACKLOG: usize = 256;
+        if !self.runs.is_empty() || self.high < BACKLOG {
+            return false;
+        }
+        self.high = 0;
+        self.runs = HashMap::new();
+        self.lanes = HashMap::new();
+        self.dependents = HashMap::new();
+        self.dirty = HashSet::new();
+        self.timers = BinaryHeap::new();
+        self.polled_inboxes = VecDeque::new();
+        self.running_lane.shrink_to_fit();
+        true
     }
 
     /// What holds `e` back of its own (PROTOCOL §15), None when only a slot does.
