@@ -187,7 +187,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     r.record.run_started(pid);
     r.execute();
     // Whatever escaped its step and is still around ends with the run.
-    r.steps.contain();
+    r.steps.contain_at_end();
     r.control.unwatch();
     r.record.finish(r.control.halt(), r.control.halt_reason(), r.steps.step_timed_out());
     Ok(0)
@@ -230,7 +230,7 @@ impl Runner {
             let fx = self.steps.reap();
             self.apply(fx);
             self.steps.contain();
-            let stops = self.control.turn(Instant::now(), &self.post, self.record.status());
+            let stops = self.control.turn(Instant::now(), &self.post, self.record.status(), self.steps.running());
             self.stop_requested(stops);
             let now = Instant::now();
             self.record.heartbeat(now);
