@@ -13,6 +13,7 @@
 macro_rules! note {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        $crate::logging::stderr_opening();
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
 }

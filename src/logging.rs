@@ -172,6 +172,23 @@ pub fn init_runner() {
     let _ = tracing::subscriber::set_global_default(RunnerLog { max });
 }
 
+/// What runs before a line goes to stderr (`before_stderr`).
+static BEFORE_STDERR: OnceLock<fn()> = OnceLock::new();
+
+/// Run `f` before every line written to stderr through `crate::note!` or
+/// the runner's log: the runner opens its log files there, so a run that
+/// never logs creates none.
+pub fn before_stderr(f: fn()) {
+    let _ = BEFORE_STDERR.set(f);
+}
+
+#[doc(hidden)]
+pub fn stderr_opening() {
+    if let Some(f) = BEFORE_STDERR.get() {
+        f();
+    }
+}
+
 /// The runner's subscriber: one line per event on stderr,
 /// `2026-12-03T10:00:00.123456Z  WARN target: message key=value`, like the
 /// daemon's stderr lines. Perf: tracing-subscriber's registry allocates its
@@ -206,6 +223,7 @@ impl tracing::Subscriber for RunnerLog {
             f.message,
             f.rest
         );
+        stderr_opening();
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     fn enter(&self, _: &tracing::span::Id) {}

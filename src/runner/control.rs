@@ -68,11 +68,16 @@ impl Control {
         [self.halt.is_none().then_some(self.run_deadline), self.watch_at].into_iter().flatten().min()
     }
 
-    /// A turn of the loop: start the watch when due, read the inbox, halt
-    /// the run at its deadline. Returns the `subagent.run.stop_requested`
-    /// events' fields, for the record.
-    pub(super) fn turn(&mut self, now: Instant, post: &Post, status: &Status) -> Vec<Value> {
-        if self.watch_at.is_some_and(|t| now >= t) {
+    /// A turn of the loop: start the watch when due and a step is still
+    /// running (`steps_running`), read the inbox, halt the run at its
+    /// deadline. Returns the `subagent.run.stop_requested` events' fields,
+    /// for the record.
+    pub(super) fn turn(&mut self, now: Instant, post: &Post, status: &Status, steps_running: bool) -> Vec<Value> {
+        // Perf: a watch set up after the last step ended would only be torn
+        // down again (a mkdir, inotify, epoll and a thread for nothing); the
+        // check below reads what is there, and the next step's start sees
+        // the watch started on the turn after it.
+        if steps_running && self.watch_at.is_some_and(|t| now >= t) {
             self.watch_at = None;
             self.watch(post); // the check below sees what landed before the watch
         }
@@ -240,7 +245,7 @@ mod tests {
         let (tx, _rx) = std::sync::mpsc::channel();
         let (_a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let post = Post { tx, wake: std::sync::Arc::new(b) };
-        c.turn(Instant::now(), &post, &s);
+        c.turn(Instant::now(), &post, &s, true);
         assert_eq!((c.halt(), c.halt_reason()), (Some(Halt::Timeout), "run timed out after 1 ms"));
         c.unwatch();
     }

@@ -62,11 +62,13 @@ pub fn main(run_dir: &Path) -> i32 {
     let _ = nix::unistd::setsid();
     // Nothing the runner was started with beyond stdio reaches its steps.
     crate::platform::close_inherited_fds();
-    // Whatever the runner prints lands in its logs, a panic before `open_logs` included.
-    let dir = run_dir.to_path_buf();
+    // Whatever the runner prints lands in its logs, a panic included: the
+    // logs are opened before the first line is written (`open_logs`).
+    let _ = LOG_DIR.set(run_dir.to_path_buf());
+    crate::logging::before_stderr(open_logs_once);
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        open_logs(&dir);
+        open_logs_once();
         default_hook(info);
     }));
     match run(run_dir) {
@@ -79,11 +81,22 @@ pub fn main(run_dir: &Path) -> i32 {
     }
 }
 
+/// The run directory whose logs `open_logs_once` opens.
+static LOG_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn open_logs_once() {
+    if let Some(dir) = LOG_DIR.get() {
+        open_logs(dir);
+    }
+}
+
 /// Point stdout and stderr at `runner.stdout.log` and `runner.stderr.log`
 /// (PROTOCOL §3), created 0600 if missing. Perf: the daemon starts the runner
-/// on /dev/null and the runner opens its logs itself once its `running` status
-/// is written (or before its first complaint), so their creation is not on the
-/// path from drop to runner. On a full disk the runner carries on without them.
+/// on /dev/null and the runner opens its logs only before its first line
+/// (`crate::note!`, a log event, a panic: `logging::before_stderr`), so a
+/// clean run creates neither file. Nothing else writes to the runner's
+/// stdio: its steps get their own log as stdout and stderr. On a full disk
+/// the runner carries on without them.
 fn open_logs(dir: &Path) {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
@@ -102,8 +115,23 @@ fn open_logs(dir: &Path) {
     });
 }
 
+/// The run directory as an absolute path. Perf: the daemon passes an
+/// absolute path without `.` or `..` (its root joined with the run's id);
+/// that path is taken as it is unless the directory itself is a symlink, and
+/// anything else is canonicalized (a lookup of every component).
+fn run_dir_path(run_dir: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let plain = run_dir.is_absolute()
+        && run_dir.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && std::fs::symlink_metadata(run_dir).is_ok_and(|m| m.is_dir());
+    if plain {
+        return Ok(run_dir.to_path_buf());
+    }
+    std::fs::canonicalize(run_dir)
+}
+
 fn run(run_dir: &Path) -> anyhow::Result<i32> {
-    let dir = std::fs::canonicalize(run_dir)?;
+    let dir = run_dir_path(run_dir)?;
     let runs = dir.parent().ok_or_else(|| anyhow::anyhow!("run directory has no parent"))?;
     let layout = Layout::new(runs.parent().ok_or_else(|| anyhow::anyhow!("runs root has no parent"))?);
     // A run is its directory: its name is its id.
@@ -151,7 +179,6 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     };
     let pid = std::process::id();
     let started = record::mark_running(&mut w, &dir, pid, containment)?;
-    open_logs(&dir);
     let Some(status) = started else {
         crate::note!("run {} is not queued; nothing to do", dir.display());
         return Ok(0);
@@ -160,7 +187,7 @@ fn run(run_dir: &Path) -> anyhow::Result<i32> {
     r.record.run_started(pid);
     r.execute();
     // Whatever escaped its step and is still around ends with the run.
-    r.steps.contain();
+    r.steps.contain_at_end();
     r.control.unwatch();
     r.record.finish(r.control.halt(), r.control.halt_reason(), r.steps.step_timed_out());
     Ok(0)
@@ -203,7 +230,7 @@ impl Runner {
             let fx = self.steps.reap();
             self.apply(fx);
             self.steps.contain();
-            let stops = self.control.turn(Instant::now(), &self.post, self.record.status());
+            let stops = self.control.turn(Instant::now(), &self.post, self.record.status(), self.steps.running());
             self.stop_requested(stops);
             let now = Instant::now();
             self.record.heartbeat(now);

@@ -14,8 +14,8 @@ use crate::protocol::outcome::{classify, run_ending, Halt, StepEnd};
 use crate::protocol::status::{OpenSteps, RunnerInfo, State, Status, StepState};
 use crate::store::fsutil;
 use crate::store::layout::{RunId, RunPaths};
-use crate::store::run::{event, update_status};
-use crate::store::{results, Layout, Writer};
+use crate::store::run::{event_line, lock_status, read_status, update_status_locked};
+use crate::store::{index, results, Layout, Writer};
 
 /// How often a running run's `lastUpdate` is refreshed when nothing else
 /// writes its status: hourly, far inside pi-subagents 0.67's 24 h stale-run
@@ -32,12 +32,33 @@ fn heartbeat() -> Duration {
         .unwrap_or(HEARTBEAT)
 }
 
+/// Which file status.json is: (device, inode, size, mtime, ctime). Every
+/// writer replaces it by a rename (PROTOCOL §11), so another writer's status
+/// is another inode, written at another time.
+type FileId = (u64, u64, u64, i64, i64, i64, i64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+}
+
+/// What `mark_running` leaves: the `running` status, and which file it is
+/// (taken under the status lock; None when unknown).
+pub(super) type Started = (Status, Option<FileId>);
+
 /// The `running` status: this runner's pid, identity and containment, the
 /// run's deadline. None when the run is no longer queued.
-pub(super) fn mark_running(w: &mut Writer, dir: &Path, pid: u32, containment: &str) -> std::io::Result<Option<Status>> {
+pub(super) fn mark_running(
+    w: &mut Writer,
+    dir: &Path,
+    pid: u32,
+    containment: &str,
+) -> std::io::Result<Option<Started>> {
     let now = crate::now_ms();
     let mut started = None;
-    update_status(w, dir, |cur| {
+    let lock = lock_status(dir)?;
+    update_status_locked(w, dir, |cur| {
         let mut s = cur?;
         if s.state != State::Queued {
             return None;
@@ -59,7 +80,10 @@ pub(super) fn mark_running(w: &mut Writer, dir: &Path, pid: u32, containment: &s
         started = Some(s.clone());
         Some(s)
     })?;
-    Ok(started)
+    let path = RunPaths::status(dir);
+    let id = (lock.is_some() && w.pending_for(&path).is_none()).then(|| file_id(&path)).flatten();
+    drop(lock);
+    Ok(started.map(|s| (s, id)))
 }
 
 /// End a queued run whose request.json fails validation: `failed`, every step
@@ -82,12 +106,19 @@ pub(super) struct Record {
     /// When a running run's status is rewritten next only to refresh
     /// `lastUpdate` (see `HEARTBEAT`).
     next_heartbeat: Instant,
+    /// events.jsonl, opened (O_APPEND, not following a link, refusing
+    /// anything but a regular file) at the first event and kept. Perf: one
+    /// `write` per event instead of five calls.
+    events: Option<std::fs::File>,
+    /// status.json as this runner last wrote it, under the status lock.
+    written: Option<FileId>,
 }
 
 impl Record {
     /// The record of a run whose `running` status (`mark_running`) is written.
-    pub(super) fn new(layout: Layout, id: RunId, dir: PathBuf, status: Status, w: Writer) -> Record {
-        Record { layout, id, dir, status, w, next_heartbeat: Instant::now() + heartbeat() }
+    pub(super) fn new(layout: Layout, id: RunId, dir: PathBuf, started: Started, w: Writer) -> Record {
+        let (status, written) = started;
+        Record { layout, id, dir, status, w, next_heartbeat: Instant::now() + heartbeat(), events: None, written }
     }
 
     pub(super) fn status(&self) -> &Status {
@@ -100,33 +131,86 @@ impl Record {
         self.status.steps.iter().any(|s| matches!(s.status, StepState::Failed | StepState::Stopped))
     }
 
+    /// Append one event (`store::run::event`'s line) through the kept
+    /// descriptor; a failed write drops it and the next event opens the file
+    /// again. Events are diagnostics: on a full disk they are dropped and
+    /// counted, never retried.
     pub(super) fn ev(&mut self, kind: &str, fields: Value) {
-        event(&mut self.w, &self.dir, &self.status.run_id.clone(), kind, fields);
+        use std::io::Write as _;
+        let mut line = event_line(&self.status.run_id, kind, fields);
+        line.push(b'\n');
+        let path = RunPaths::events(&self.dir);
+        let res = match self.events.as_mut() {
+            Some(f) => f.write_all(&line),
+            None => fsutil::open_append(&path).and_then(|mut f| {
+                f.write_all(&line)?;
+                self.events = Some(f);
+                Ok(())
+            }),
+        };
+        if let Err(e) = res {
+            self.events = None;
+            if fsutil::is_capacity(&e) {
+                self.w.dropped_event(&e);
+            } else {
+                tracing::warn!(run_id = %self.id, error = %e, "could not append event {kind} to {}", path.display());
+            }
+        }
     }
 
     fn save(&mut self) {
-        let snap = self.status.clone();
-        let res = update_status(&mut self.w, &self.dir, move |cur| {
-            let mut s = snap;
-            if let Some(c) = cur {
-                for (k, v) in c.extra {
-                    s.extra.entry(k).or_insert(v);
+        let res = lock_status(&self.dir).and_then(|lock| self.write_status(lock.is_some()));
+        if let Err(e) = res {
+            self.write_own_copy(e);
+        }
+    }
+
+    fn write_own_copy(&mut self, e: std::io::Error) {
+        self.written = None;
+        tracing::warn!(error = %e, "status read-merge failed; writing the runner's own copy");
+        let bytes = serde_json::to_vec_pretty(&self.status).unwrap_or_default();
+        let durable = !self.status.state.is_active();
+        if let Err(e) = self.w.write(&RunPaths::status(&self.dir), bytes, durable) {
+            crate::note!("cannot write status.json: {e}");
+        }
+    }
+
+    /// Write the run's status holding the status lock (PROTOCOL §4), with
+    /// the fields another writer added kept, and never over a terminal
+    /// status another writer left (`store::run::update_status`'s rules).
+    /// Perf: while status.json is still the file this runner wrote last
+    /// (`FileId`), nobody else has written it and there is nothing to merge:
+    /// one `statx` instead of reading and parsing it again.
+    /// `locked`: the caller holds the status lock (`lock_status` gave it).
+    fn write_status(&mut self, locked: bool) -> std::io::Result<()> {
+        let path = RunPaths::status(&self.dir);
+        let unchanged =
+            locked && self.written.is_some() && self.w.pending_for(&path).is_none() && file_id(&path) == self.written;
+        if !unchanged {
+            self.written = None;
+            let base = match self.w.pending_for(&path) {
+                Some(b) => serde_json::from_slice::<Status>(b).ok(),
+                None => read_status(&self.dir)?,
+            };
+            if let Some(c) = base {
+                if !c.state.is_active() && self.status.state.is_active() {
+                    // A terminal state is never changed back to an active one.
+                    self.status.last_update = c.last_update;
+                    return Ok(());
                 }
-            }
-            Some(s)
-        });
-        match res {
-            Ok(Some(s)) => self.status.last_update = s.last_update,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "status read-merge failed; writing the runner's own copy");
-                let bytes = serde_json::to_vec_pretty(&self.status).unwrap_or_default();
-                let durable = !self.status.state.is_active();
-                if let Err(e) = self.w.write(&RunPaths::status(&self.dir), bytes, durable) {
-                    crate::note!("cannot write status.json: {e}");
+                for (k, v) in c.extra {
+                    self.status.extra.entry(k).or_insert(v);
                 }
             }
         }
+        self.status.last_update = crate::now_ms().max(self.status.last_update.saturating_add(1));
+        let bytes = serde_json::to_vec_pretty(&self.status).map_err(std::io::Error::other)?;
+        // Terminal states are durable (PROTOCOL §11); step progress is not.
+        self.w.write(&path, bytes, !self.status.state.is_active())?;
+        if locked && self.w.pending_for(&path).is_none() {
+            self.written = file_id(&path);
+        }
+        Ok(())
     }
 
     pub(super) fn run_started(&mut self, pid: u32) {
@@ -307,9 +391,30 @@ impl Record {
             "subagent.run.completed",
             json!({"status": state.as_str(), "durationMs": duration, "exitCode": self.status.exit_code}),
         );
-        self.save();
-        if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.id, &self.status) {
-            crate::note!("publishing the run's indexes and result failed: {e}");
+        // Perf: the terminal status and its publication under one hold of
+        // the status lock (the one `results::finish_terminal` would take
+        // again), in the same order: status durable (file and directory,
+        // docs/durability.md §5 steps 2–3), result, terminal marker, active
+        // marker. Anything that did not go through now (a full disk, an
+        // error) is published by `finish_terminal`, which is idempotent.
+        let published = match lock_status(&self.dir) {
+            Ok(lock) => match self.write_status(lock.is_some()) {
+                Ok(()) => lock.is_some() && self.w.is_idle() && self.publish(),
+                Err(e) => {
+                    drop(lock);
+                    self.write_own_copy(e);
+                    false
+                }
+            },
+            Err(e) => {
+                self.write_own_copy(e);
+                false
+            }
+        };
+        if !published {
+            if let Err(e) = results::finish_terminal(&mut self.w, &self.layout, &self.id, &self.status) {
+                crate::note!("publishing the run's indexes and result failed: {e}");
+            }
         }
         let mut waited = 0u64;
         while !self.w.flush() {
@@ -321,6 +426,19 @@ impl Record {
             std::thread::sleep(Duration::from_secs(1));
             waited += 1;
         }
+    }
+}
+
+impl Record {
+    /// Publish the terminal status just written, holding the status lock:
+    /// result, terminal marker, then the active marker removed
+    /// (`results::finish_terminal`'s work). False when any of it failed.
+    fn publish(&self) -> bool {
+        let (l, s) = (&self.layout, &self.status);
+        results::publish_result(l, &self.id, s)
+            .and_then(|()| index::mark_terminal(l, s))
+            .and_then(|()| index::unmark_active(l, &self.id, s.tool_call_id.as_deref()))
+            .is_ok()
     }
 }
 
@@ -349,7 +467,7 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         let req: crate::protocol::request::Request = serde_json::from_value(body).unwrap();
         let queued = Status::queued(&req, id.as_str(), &dir, crate::now_ms());
-        update_status(&mut Writer::new(), &dir, |_| Some(queued)).unwrap();
+        crate::store::run::update_status(&mut Writer::new(), &dir, |_| Some(queued)).unwrap();
         (l, id, dir, req)
     }
 
@@ -404,6 +522,45 @@ mod tests {
             event_types(&dir),
             ["subagent.run.started", "subagent.step.started", "subagent.step.completed", "subagent.run.completed"]
         );
+    }
+
+    #[test]
+    fn what_another_writer_left_in_the_status_is_kept_and_its_terminal_state_stays() {
+        let root = tempfile::tempdir().unwrap();
+        let cwd = root.path().display().to_string();
+        let body = json!({"version": 1, "cwd": cwd, "steps": [{"command": ["a"]}, {"command": ["b"]}]});
+        let (l, id, dir, _) = queued_run(root.path(), body);
+        let mut w = Writer::new();
+        let s = mark_running(&mut w, &dir, 4242, "subreaper").unwrap().unwrap();
+        let mut r = Record::new(l, id, dir.clone(), s, w);
+        r.step_starting(0, crate::now_ms());
+        r.step_started(0, 777);
+        // Another writer (holding the status lock, as PROTOCOL §4 asks) adds a field.
+        let other = |f: &dyn Fn(&mut Status)| {
+            crate::store::run::update_status(&mut Writer::new(), &dir, |cur| {
+                let mut s = cur?;
+                f(&mut s);
+                Some(s)
+            })
+            .unwrap();
+        };
+        other(&|s| {
+            s.extra.insert("hostNote".into(), json!("kept"));
+        });
+        r.step_starting(1, crate::now_ms());
+        r.step_started(1, 778);
+        let on_disk = crate::store::run::read_status(&dir).unwrap().unwrap();
+        assert_eq!(on_disk.steps[1].pid, Some(778), "the runner's write happened");
+        assert_eq!(on_disk.extra.get("hostNote"), Some(&json!("kept")), "the other writer's field is merged");
+        // Another host ends the run meanwhile: the runner never makes it active again.
+        other(&|s| {
+            s.state = State::Failed;
+            s.error = Some("ended by another host".into());
+        });
+        r.heartbeat(Instant::now() + Duration::from_secs(7200));
+        let on_disk = crate::store::run::read_status(&dir).unwrap().unwrap();
+        assert_eq!(on_disk.state, State::Failed);
+        assert_eq!(on_disk.error.as_deref(), Some("ended by another host"));
     }
 
     #[test]

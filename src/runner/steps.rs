@@ -90,6 +90,9 @@ pub(super) struct Steps {
     stop_sent: BTreeSet<usize>,
     /// Command steps (index, process group) that exited since the last `contain`.
     ended: Vec<(usize, u32)>,
+    /// The last `contain` found nothing left with no step running, and no
+    /// step started since: nothing of the run's can be around any more.
+    swept: bool,
     done: bool,
 }
 
@@ -110,6 +113,7 @@ impl Steps {
             halt_seen: None,
             stop_sent: BTreeSet::new(),
             ended: Vec::new(),
+            swept: false,
             done: false,
         }
     }
@@ -117,6 +121,11 @@ impl Steps {
     /// No step runs and none will start.
     pub(super) fn done(&self) -> bool {
         self.done
+    }
+
+    /// A step (command or external job) is running.
+    pub(super) fn running(&self) -> bool {
+        !self.running.is_empty()
     }
 
     /// A step's own `timeoutMs` fired.
@@ -172,6 +181,7 @@ impl Steps {
     }
 
     fn spawn(&mut self, i: usize) -> Vec<Effect> {
+        self.swept = false;
         let at = crate::now_ms();
         let step = self.flat[i].clone();
         let started = Instant::now();
@@ -338,6 +348,17 @@ impl Steps {
         fx
     }
 
+    /// The run's last containment: whatever escaped its steps and is still
+    /// around ends with the run. Perf: skipped when the loop's last pass,
+    /// after the last step ended, already found nothing (it ran with no step
+    /// running, so it took every adopted process); `/proc/self/task/*/children`
+    /// is then read twice per run, not four times.
+    pub(super) fn contain_at_end(&mut self) {
+        if !self.swept {
+            self.contain();
+        }
+    }
+
     /// Reap the orphans this subreaper adopted that exited, and kill (then
     /// reap) what the steps that ended since the last call left behind:
     /// every adopted process in one of their process groups, or started with
@@ -347,6 +368,7 @@ impl Steps {
     /// children to us: repeat until nothing is left (bounded).
     pub(super) fn contain(&mut self) {
         use crate::platform::procs;
+        self.swept = false;
         let ended = std::mem::take(&mut self.ended);
         // Step processes are reaped by their `Child` (try_wait), never here.
         let steps: std::collections::HashSet<u32> = self
@@ -380,6 +402,7 @@ impl Steps {
             if targets.is_empty() {
                 clean += 1;
                 if clean == 2 {
+                    self.swept = all;
                     return;
                 }
                 continue;

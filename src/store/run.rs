@@ -122,12 +122,29 @@ pub fn update_status(
     run_dir: &Path,
     f: impl FnOnce(Option<Status>) -> Option<Status>,
 ) -> io::Result<Option<Status>> {
-    let lock = match fsutil::lock(&RunPaths::status_lock(run_dir), false) {
-        Ok(l) => l,
-        // No inode or fd to spare for the lock: go on without it; the writer keeps the payload.
-        Err(e) if is_capacity(&e) => None,
-        Err(e) => return Err(e),
-    };
+    let lock = lock_status(run_dir)?;
+    let s = update_status_locked(w, run_dir, f);
+    drop(lock);
+    s
+}
+
+/// Take `.status.lock` (PROTOCOL §4), held while the file lives. None: no
+/// inode or fd to spare for the lock; the caller goes on without it (the
+/// writer keeps the payload).
+pub fn lock_status(run_dir: &Path) -> io::Result<Option<std::fs::File>> {
+    match fsutil::lock(&RunPaths::status_lock(run_dir), false) {
+        Ok(l) => Ok(l),
+        Err(e) if is_capacity(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `update_status` for a caller that holds the status lock (`lock_status`).
+pub fn update_status_locked(
+    w: &mut Writer,
+    run_dir: &Path,
+    f: impl FnOnce(Option<Status>) -> Option<Status>,
+) -> io::Result<Option<Status>> {
     let path = RunPaths::status(run_dir);
     let base = match w.pending_for(&path) {
         Some(b) => serde_json::from_slice(b).ok(),
@@ -146,18 +163,22 @@ pub fn update_status(
     let durable = !new.state.is_active() || starting;
     let bytes = serde_json::to_vec_pretty(&new).map_err(io::Error::other)?;
     w.write(&path, bytes, durable)?;
-    drop(lock);
     Ok(Some(new))
+}
+
+/// One event's line (`type`, `ts`, `runId` plus `fields`), without its newline.
+pub fn event_line(run_id: &str, kind: &str, fields: Value) -> Vec<u8> {
+    let mut ev = json!({ "type": kind, "ts": crate::now_ms(), "runId": run_id });
+    if let (Some(o), Value::Object(extra)) = (ev.as_object_mut(), fields) {
+        o.extend(extra);
+    }
+    serde_json::to_vec(&ev).unwrap_or_default()
 }
 
 /// Append one event (`type`, `ts`, `runId` plus `fields`). Events are
 /// diagnostics: on a full disk they are dropped and counted, never retried.
 pub fn event(w: &mut Writer, run_dir: &Path, run_id: &str, kind: &str, fields: Value) {
-    let mut ev = json!({ "type": kind, "ts": crate::now_ms(), "runId": run_id });
-    if let (Some(o), Value::Object(extra)) = (ev.as_object_mut(), fields) {
-        o.extend(extra);
-    }
-    let line = serde_json::to_vec(&ev).unwrap_or_default();
+    let line = event_line(run_id, kind, fields);
     match fsutil::append_line(&RunPaths::events(run_dir), &line) {
         Ok(()) => {}
         Err(e) if is_capacity(&e) => w.dropped_event(&e),
