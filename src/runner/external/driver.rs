@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::{Ctl, Kind, Msg, Outcome, Plan, Post, Report};
 use crate::protocol::bridge::{
     validate_handle, FailureCode, Handle, JobState, Operation, Request, Response, StartInput,
 };
+use crate::runner::post::{Msg, Post, Report};
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
 
@@ -23,6 +23,46 @@ const STOP_GRACE: Duration = Duration::from_secs(120);
 /// Consecutive failed status polls before the step gives up on the job
 /// (about a minute: long enough to ride out a controller restart).
 const MAX_STATUS_ERRORS: u32 = 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Completed,
+    Failed,
+    Cancelled,
+    Detached,
+}
+
+/// How a driver ended; the loop is told it as a `Report::Done`.
+pub(super) struct Outcome {
+    pub(super) kind: Kind,
+    pub(super) error: Option<String>,
+    pub(super) job: Value,
+    pub(super) output_file: Option<String>,
+}
+
+impl Outcome {
+    pub(super) fn report(self) -> Report {
+        Report::Done {
+            completed: self.kind == Kind::Completed,
+            note: self.error,
+            job: self.job,
+            output_file: self.output_file,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ctl {
+    Cancel,
+    Detach,
+}
+
+/// What a driver does first: start the job anew, or reattach to the job
+/// whose id the step's status already records.
+pub(super) enum Plan {
+    Start(String),
+    Reattach(String),
+}
 
 pub(super) fn request_id(op: Operation, i: usize) -> String {
     format!("{}-{i}-{}", op.as_str(), uuid::Uuid::new_v4().simple())

@@ -22,56 +22,18 @@ use std::sync::mpsc::{channel, Sender};
 use nix::sys::signal::Signal;
 use serde_json::{json, Map, Value};
 
-use super::post::{Msg, Post, Report};
+use super::post::Post;
 use crate::protocol::bridge::{digest, FailureCode, Operation, StartInput};
 use crate::protocol::request::{ExternalJob, Step};
 use crate::protocol::status::Status;
 use crate::store::fsutil;
 use crate::store::layout::RunPaths;
-use driver::{request_id, Driver};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Completed,
-    Failed,
-    Cancelled,
-    Detached,
-}
-
-/// How a driver ended; the loop is told it as a `Report::Done`.
-struct Outcome {
-    kind: Kind,
-    error: Option<String>,
-    job: Value,
-    output_file: Option<String>,
-}
-
-impl Outcome {
-    fn report(self) -> Report {
-        Report::Done {
-            completed: self.kind == Kind::Completed,
-            note: self.error,
-            job: self.job,
-            output_file: self.output_file,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ctl {
-    Cancel,
-    Detach,
-}
+use driver::{request_id, Ctl, Driver, Plan};
 
 /// The part's handle on a driver thread: signals become cancel or detach.
 struct DriverHandle {
     tx: Sender<Ctl>,
     sent: bool,
-}
-
-enum Plan {
-    Start(String),
-    Reattach(String),
 }
 
 pub(super) struct External {
