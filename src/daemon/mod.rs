@@ -242,8 +242,7 @@ impl Daemon {
         self.intake.mark_claimed(&mut env_of!(self));
         self.scheduler.poll_inboxes(&mut env_of!(self), &mut out);
         self.apply(std::mem::take(&mut out));
-        let bridged = self.supervisor.bridged().chain(self.recovery.foreign());
-        self.bridge.turn(&mut env_of!(self), bridged);
+        self.bridge.turn(&mut env_of!(self), self.supervisor.bridged(), self.recovery.foreign());
         self.hooks.turn(&mut env_of!(self));
         self.steward.turn(&mut env_of!(self));
         let facts = self.facts();

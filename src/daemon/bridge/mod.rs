@@ -68,6 +68,11 @@ pub struct Bridge {
     /// `external-job-requests/` appears: the runner makes it with its first
     /// request, which is then served on its event, not on the next sweep.
     awaiting: HashSet<String>,
+    /// Runs of ours whose request has no external-job step: they never write
+    /// a bridge request, so their directory is not watched (perf: each of
+    /// the runner's writes there would wake the watcher). The once-a-second
+    /// sweep still looks at them.
+    quiet: HashSet<String>,
     launched: HashMap<String, bool>,
     /// Request entries that are not regular files and could not be removed
     /// (a non-empty directory): answered once, then skipped while the same
@@ -148,6 +153,7 @@ impl Bridge {
             retry_at: HashMap::new(),
             watched: HashSet::new(),
             awaiting: HashSet::new(),
+            quiet: HashSet::new(),
             launched: HashMap::new(),
             refused: HashSet::new(),
             deferred: HashMap::new(),
@@ -192,9 +198,17 @@ impl Bridge {
 
     /// Sweep the runs that asked for it (and every running run once a second).
     /// Answers written on the loop go through `w`, the daemon's writer.
-    pub fn turn<'a>(&mut self, env: &mut Env, running: impl Iterator<Item = &'a RunId>) {
+    /// `ours`: the runs this daemon supervises; `foreign`: other hosts' active runs (§14).
+    pub fn turn<'a>(
+        &mut self,
+        env: &mut Env,
+        ours: impl Iterator<Item = &'a RunId>,
+        foreign: impl Iterator<Item = &'a RunId>,
+    ) {
         let Env { w, layout, watch, providers, .. } = env;
-        let running: HashSet<&str> = running.map(|r| r.as_str()).collect();
+        let ours: HashSet<&str> = ours.map(|r| r.as_str()).collect();
+        let mut running = ours.clone();
+        running.extend(foreign.map(|r| r.as_str()));
         let now = Instant::now();
         if now >= self.next_full {
             self.dirty.extend(running.iter().map(|s| s.to_string()));
@@ -214,10 +228,11 @@ impl Bridge {
             }
             keep
         });
+        self.quiet.retain(|r| running.contains(r.as_str()));
         if watch.is_native() {
             for r in &running {
-                if !self.watched.contains(*r) && !self.awaiting.contains(*r) {
-                    self.await_requests(layout, r, watch);
+                if !self.watched.contains(*r) && !self.awaiting.contains(*r) && !self.quiet.contains(*r) {
+                    self.await_requests(layout, r, watch, ours.contains(r));
                 }
             }
         }
@@ -246,11 +261,15 @@ impl Bridge {
     /// sweep now, which watches the requests directory if it is there
     /// already. Watches that cannot be added (the inotify limit) leave the
     /// run to the sweep once a second.
-    fn await_requests(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch) {
+    fn await_requests(&mut self, layout: &Layout, run_id: &str, watch: &mut Watch, ours: bool) {
         let Some(id) = RunId::parse(run_id) else { return };
         let dir = layout.run_dir(&id);
         // Never a watch through a run directory replaced by a symbolic link (§3).
         if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return;
+        }
+        if ours && !may_ask_the_bridge(&dir) {
+            self.quiet.insert(run_id.to_string());
             return;
         }
         watch.add(&dir);
@@ -654,6 +673,18 @@ mod work;
 
 use work::{remove_answered, respond_in_loop, spawn_worker, Work};
 
+/// Can this run of ours write bridge requests: does its request have an
+/// external-job step? Read from the claimed request.json (bounded, not
+/// followed); anything unreadable counts as yes, so the run is watched. A
+/// key spelled with JSON escapes reads as no: that run is then served by the
+/// sweep, as every run is when watching is not native.
+fn may_ask_the_bridge(dir: &std::path::Path) -> bool {
+    match fsutil::read_nofollow(&RunPaths::request(dir), crate::protocol::request::MAX_REQUEST_BYTES) {
+        Ok(raw) => raw.windows(13).any(|w| w == b"\"externalJob\""),
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,7 +709,7 @@ mod tests {
         let mut bridge = Bridge::new(tx);
         bridge.hint(id.to_string());
         assert!(bridge.wants_turn());
-        bridge.turn(&mut r.env(), [&id].into_iter());
+        bridge.turn(&mut r.env(), [&id].into_iter(), std::iter::empty());
         assert!(r.w.flush());
         let resp: Value =
             serde_json::from_slice(&std::fs::read(RunPaths::bridge_response(&dir, "q1")).unwrap()).unwrap();
@@ -708,7 +739,7 @@ mod tests {
         let mut bridge = Bridge::new(tx);
         bridge.hint(id.to_string());
         // Not among the bridged runs (its dead runner is being cleaned up, say).
-        bridge.turn(&mut r.env(), std::iter::empty());
+        bridge.turn(&mut r.env(), std::iter::empty(), std::iter::empty());
         assert!(RunPaths::bridge_request(&dir, "q2").exists());
         assert!(!RunPaths::bridge_response(&dir, "q2").exists());
     }
