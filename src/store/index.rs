@@ -38,17 +38,24 @@ pub fn mark_active_if_active(l: &Layout, run_id: &RunId) -> io::Result<bool> {
         return Ok(true); // already indexed (a restart re-adopting its runs)
     }
     let dir = l.run_dir(run_id);
+    // Barrier (§6.1: an index only follows a durable status): the queued
+    // status is written without fsync to keep the claim fast, so it is made
+    // durable here, file and directory, before its marker. Off the
+    // drop-to-runner path: this runs once the runner is started. Made before
+    // the lock is taken: every later status is the runner's, written durably
+    // under that lock, so whichever status is read below is durable. Perf:
+    // the runner's `running` write waits for this lock, which it no longer
+    // does through two fsyncs (journal commits on a disk).
+    match fsutil::open_read(&super::layout::RunPaths::status(&dir)) {
+        Ok(f) => f.sync_all()?,
+        // No status (a run removed since): nothing to index, as read below.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    fsutil::fsync_dir(&dir)?;
     let _lock = fsutil::lock(&super::layout::RunPaths::status_lock(&dir), false)?;
     match read_status(&dir)? {
-        Some(s) if s.state.is_active() => {
-            // Barrier (§6.1: an index only follows a durable status): the
-            // queued status is written without fsync to keep the claim fast, so
-            // it is made durable here, file and directory, before its marker.
-            // Off the drop-to-runner path: this runs once the runner is started.
-            fsutil::open_read(&super::layout::RunPaths::status(&dir))?.sync_all()?;
-            fsutil::fsync_dir(&dir)?;
-            mark_active(l, run_id, &s).map(|()| true)
-        }
+        Some(s) if s.state.is_active() => mark_active(l, run_id, &s).map(|()| true),
         _ => Ok(false),
     }
 }
