@@ -716,7 +716,7 @@ mod tests {
         assert_eq!(resp["id"], "q1");
         assert_eq!(
             (resp["ok"].as_bool(), resp["code"].as_str()),
-            (Some(false), Some("provider-unavailable")),
+            (Some(false), Some(FailureCode::ProviderUnavailable.as_str())),
             "{resp}"
         );
         assert!(resp["message"].as_str().is_some_and(|m| m.contains("[providers.nowhere]")), "{resp}");
