@@ -64,6 +64,20 @@ pub fn mkdir_private_all(p: &Path) -> io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(p)
 }
 
+/// [`write_atomic`] into a directory that is made (0700, with its parents)
+/// only when the write finds it missing. Perf: the directories of results,
+/// indexes and markers exist after the first run, so each publication saves
+/// the `mkdir` (EEXIST) and `stat` calls made before every write.
+pub fn write_atomic_mkdir(target: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    match write_atomic(target, bytes, durable) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            target.parent().map_or(Ok(()), mkdir_private_all)?;
+            write_atomic(target, bytes, durable)
+        }
+        r => r,
+    }
+}
+
 /// fsync a directory. `O_DIRECTORY`: anything else in its place (a FIFO a
 /// step planted) fails at once instead of blocking the open.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {

@@ -80,14 +80,22 @@ pub fn terminal_marker_path(l: &Layout, s: &Status) -> PathBuf {
 
 pub fn mark_terminal(l: &Layout, s: &Status) -> io::Result<()> {
     let path = terminal_marker_path(l, s);
-    mkdir_private(path.parent().expect("marker has a parent"))?;
     let m = TerminalMarker {
         version: 1,
         run_id: s.run_id.clone(),
         session_id: s.session_id.clone(),
         ended_at: s.ended_at.unwrap_or(s.last_update).max(0),
     };
-    fsutil::write_atomic(&path, &serde_json::to_vec(&m).map_err(io::Error::other)?, false)
+    let bytes = serde_json::to_vec(&m).map_err(io::Error::other)?;
+    // The session's directory is made when the write finds it missing (not
+    // before every write: perf), and only it: `.terminal-runs/` itself is the root's.
+    match fsutil::write_atomic(&path, &bytes, false) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            mkdir_private(path.parent().expect("marker has a parent"))?;
+            fsutil::write_atomic(&path, &bytes, false)
+        }
+        r => r,
+    }
 }
 
 /// A run found through an index, with whose it is (PROTOCOL §14) and its

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::fsutil::{self, mkdir_private_all};
+use super::fsutil;
 use super::layout::{Layout, RunId, RunPaths};
 use super::{index, Writer};
 use crate::protocol::seg::{seg, seg250};
@@ -86,9 +86,8 @@ pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     let r = build_result(l, id, s);
     let public = l.result_file(id);
     let pending_dir = l.result_pending().join(seg(&s.session_id));
-    mkdir_private_all(&pending_dir)?;
     let pending = pending_dir.join(format!("{}.json", seg250(id)));
-    fsutil::write_atomic(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
+    fsutil::write_atomic_mkdir(&pending, &serde_json::to_vec_pretty(&r).map_err(io::Error::other)?, true)?;
     // `file` is the bare name: pi-subagents 0.67's lookups
     // (resultPayloadPathForSessionRun, resultFilesForToolCall, ...) refuse
     // anything else.
@@ -99,9 +98,7 @@ pub fn publish_result(l: &Layout, id: &RunId, s: &Status) -> io::Result<()> {
     });
     let idx = serde_json::to_vec(&idx).map_err(io::Error::other)?;
     for (i, path) in result_index_paths(l, id, &s.session_id, r.tool_call_id.as_deref()).into_iter().enumerate() {
-        let written =
-            path.parent().map_or(Ok(()), mkdir_private_all).and_then(|_| fsutil::write_atomic(&path, &idx, false));
-        match written {
+        match fsutil::write_atomic_mkdir(&path, &idx, false) {
             Ok(()) => {}
             // The session index is the one every reader uses: without it the
             // publication is retried. The run and tool-call indexes are
