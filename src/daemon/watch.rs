@@ -37,15 +37,26 @@ impl Active {
     }
 }
 
+/// Who watches the control inboxes of queued runs.
+enum Inboxes {
+    /// Linux with native events: an inotify instance of our own, one map
+    /// entry per run (notify's held two full paths per watch: 12 MiB for
+    /// the 40,000 watches of a backlog of 20,000).
+    #[cfg(target_os = "linux")]
+    Own(crate::platform::inbox_watch::InboxWatch),
+    /// Elsewhere, and when polling: the backend, on both directories of
+    /// each of these runs (re-added on replacement: ids, not their paths).
+    Backend(HashSet<RunId>),
+}
+
 pub struct Watch {
     backend: Active,
     pub choice: Choice,
     /// Every directory we watch besides the spool and the control inboxes,
     /// re-added on replacement.
     dirs: BTreeSet<PathBuf>,
-    /// Runs whose control inbox is watched (`watch_control`), re-added on
-    /// replacement: ids, not their two paths, for a backlog of 20,000.
-    controls: HashSet<RunId>,
+    /// Runs whose control inbox is watched (`watch_control`).
+    inboxes: Inboxes,
     layout: Layout,
     tx: Sender<Hint>,
     poll_interval: Duration,
@@ -87,11 +98,12 @@ impl Watch {
 
     fn new(layout: &Layout, tx: Sender<Hint>, backend: Active, choice: Choice, poll_interval: Duration) -> Watch {
         tracing::info!(strategy = ?choice.strategy, backend = choice.backend.as_str(), reason = %choice.reason, "watching the spool");
+        let inboxes = inboxes(matches!(backend, Active::Native(_)), &tx);
         Watch {
             backend,
             choice,
             dirs: BTreeSet::new(),
-            controls: HashSet::new(),
+            inboxes,
             layout: layout.clone(),
             tx,
             poll_interval,
@@ -129,28 +141,33 @@ impl Watch {
     /// Watch a queued run's control inbox: `control/` and 0.67's
     /// `control/stop-requests/` (the caller creates both).
     pub fn watch_control(&mut self, run_id: &RunId) {
-        if self.controls.insert(run_id.clone()) {
-            self.add_control(run_id);
-        }
-    }
-
-    fn add_control(&mut self, run_id: &RunId) {
-        let dir = self.layout.run_dir(run_id);
-        for d in [RunPaths::control(&dir), RunPaths::stop_requests(&dir)] {
-            if let Err(e) = self.backend.watcher().watch(&d, RecursiveMode::NonRecursive) {
-                tracing::debug!(dir = %d.display(), error = %e, "cannot watch a directory; the rescan covers it");
+        match &mut self.inboxes {
+            #[cfg(target_os = "linux")]
+            Inboxes::Own(w) => {
+                w.watch(run_id, &self.layout.run_dir(run_id));
+            }
+            Inboxes::Backend(controls) => {
+                if controls.insert(run_id.clone()) {
+                    add_control(&mut self.backend, &self.layout, run_id);
+                }
             }
         }
     }
 
     pub fn unwatch_control(&mut self, run_id: &RunId) {
-        if self.controls.remove(run_id) {
-            let dir = self.layout.run_dir(run_id);
-            let _ = self.backend.watcher().unwatch(&RunPaths::stop_requests(&dir));
-            let _ = self.backend.watcher().unwatch(&RunPaths::control(&dir));
-            // A set never shrinks by itself: give back what a backlog grew it to.
-            if self.controls.capacity() > 64 && self.controls.len() < self.controls.capacity() / 4 {
-                self.controls.shrink_to_fit();
+        match &mut self.inboxes {
+            #[cfg(target_os = "linux")]
+            Inboxes::Own(w) => w.unwatch(run_id),
+            Inboxes::Backend(controls) => {
+                if controls.remove(run_id) {
+                    let dir = self.layout.run_dir(run_id);
+                    let _ = self.backend.watcher().unwatch(&RunPaths::stop_requests(&dir));
+                    let _ = self.backend.watcher().unwatch(&RunPaths::control(&dir));
+                    // A set never shrinks by itself: give back what a backlog grew it to.
+                    if controls.capacity() > 64 && controls.len() < controls.capacity() / 4 {
+                        controls.shrink_to_fit();
+                    }
+                }
             }
         }
     }
@@ -161,6 +178,7 @@ impl Watch {
     /// queued runs, and its maps never shrink). The new one watches
     /// everything before the old one is dropped: no event falls between.
     pub fn compact(&mut self) {
+        let Inboxes::Backend(controls) = &self.inboxes else { return }; // ours shrink as runs leave
         if !self.is_native() {
             return;
         }
@@ -174,7 +192,7 @@ impl Watch {
         for d in &self.dirs {
             let _ = b.watcher().watch(d, RecursiveMode::NonRecursive);
         }
-        for id in &self.controls {
+        for id in controls {
             let dir = self.layout.run_dir(id);
             for d in [RunPaths::control(&dir), RunPaths::stop_requests(&dir)] {
                 let _ = b.watcher().watch(&d, RecursiveMode::NonRecursive);
@@ -237,11 +255,63 @@ impl Watch {
         for d in dirs {
             self.add(&d);
         }
-        let controls: Vec<RunId> = self.controls.iter().cloned().collect();
-        for id in controls {
-            self.add_control(&id);
+        let native = self.is_native();
+        match &mut self.inboxes {
+            // Our own inotify instance did not fail: it keeps watching, unless
+            // the spool is polled now (then so are the inboxes).
+            #[cfg(target_os = "linux")]
+            Inboxes::Own(w) => {
+                if !native {
+                    let controls: HashSet<RunId> = w.runs().into_iter().collect();
+                    for id in &controls {
+                        add_control(&mut self.backend, &self.layout, id);
+                    }
+                    self.inboxes = Inboxes::Backend(controls);
+                }
+            }
+            Inboxes::Backend(controls) => {
+                for id in controls.iter() {
+                    add_control(&mut self.backend, &self.layout, id);
+                }
+            }
         }
     }
+}
+
+fn add_control(backend: &mut Active, layout: &Layout, run_id: &RunId) {
+    let dir = layout.run_dir(run_id);
+    for d in [RunPaths::control(&dir), RunPaths::stop_requests(&dir)] {
+        if let Err(e) = backend.watcher().watch(&d, RecursiveMode::NonRecursive) {
+            tracing::debug!(dir = %d.display(), error = %e, "cannot watch a directory; the rescan covers it");
+        }
+    }
+}
+
+/// The inbox watcher that goes with a backend: our own inotify instance
+/// with native events on Linux (the backend's otherwise, or when it cannot start).
+fn inboxes(native: bool, tx: &Sender<Hint>) -> Inboxes {
+    #[cfg(target_os = "linux")]
+    if native {
+        use crate::platform::inbox_watch::{InboxEvent, InboxWatch};
+        let tx = tx.clone();
+        let report = move |e: InboxEvent| match e {
+            InboxEvent::Changed(id) => tx.send(Hint::Control(id)).is_ok(),
+            InboxEvent::Overflow => tx.send(Hint::Rescan("the control-inbox event queue overflowed".into())).is_ok(),
+            InboxEvent::Failed(why) => {
+                tracing::warn!(error = %why, "control inboxes are no longer watched; the periodic rescan covers them");
+                let _ = tx.send(Hint::Rescan(why));
+                false
+            }
+        };
+        match InboxWatch::start(report) {
+            Ok(w) => return Inboxes::Own(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the control-inbox watcher; the spool's watcher watches them")
+            }
+        }
+    }
+    let _ = (native, tx);
+    Inboxes::Backend(HashSet::new())
 }
 
 fn identity(p: &Path) -> Option<(u64, u64)> {

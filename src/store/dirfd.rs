@@ -211,6 +211,14 @@ impl DirFd {
     }
 }
 
+/// The descriptor itself, for what takes one (an inotify watch through
+/// `/proc/self/fd`, which lands on the directory that was checked).
+impl AsFd for DirFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// Log `e` (a refusal to follow or use something planted in a run) once per
 /// path for the life of the process: a refused inbox is looked at every
 /// second, and one line says all there is to say.
