@@ -289,12 +289,6 @@ pub fn inotify_usage() -> Option<crate::protocol::daemon::InotifyUsage> {
     None
 }
 
-/// Does a file event say that something changed? notify 8's inotify backend
-/// also reports opens and closes without a write (IN_OPEN, IN_CLOSE_NOWRITE),
-/// with no switch to turn them off: a watcher that lists a directory on every
-/// event would wake itself forever (its own listing opens the directory).
-/// Only changes, and the close of a file written in place, wake the daemon
-/// and the runner.
 /// Hand the heap memory freed by the program back to the system: glibc
 /// keeps it in its arenas (one per thread that allocated) otherwise, so a
 /// daemon that drained a backlog of 20,000 runs stayed as large as at its
@@ -307,6 +301,12 @@ pub fn release_free_memory() {
     }
 }
 
+/// Does a file event say that something changed? notify 8's inotify backend
+/// also reports opens and closes without a write (IN_OPEN, IN_CLOSE_NOWRITE),
+/// with no switch to turn them off: a watcher that lists a directory on every
+/// event would wake itself forever (its own listing opens the directory).
+/// Only changes, and the close of a file written in place, wake the daemon
+/// and the runner.
 pub fn is_change(kind: &notify::EventKind) -> bool {
     use notify::event::{AccessKind, AccessMode, EventKind};
     match kind {
