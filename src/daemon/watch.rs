@@ -43,7 +43,7 @@ enum Inboxes {
     /// entry per run (notify's held two full paths per watch: 12 MiB for
     /// the 40,000 watches of a backlog of 20,000).
     #[cfg(target_os = "linux")]
-    Own(crate::platform::inbox_watch::InboxWatch),
+    Own(crate::store::inbox_watch::InboxWatch),
     /// Elsewhere, and when polling: the backend, on both directories of
     /// each of these runs (re-added on replacement: ids, not their paths).
     Backend(HashSet<RunId>),
@@ -292,7 +292,7 @@ fn add_control(backend: &mut Active, layout: &Layout, run_id: &RunId) {
 fn inboxes(native: bool, tx: &Sender<Hint>) -> Inboxes {
     #[cfg(target_os = "linux")]
     if native {
-        use crate::platform::inbox_watch::{InboxEvent, InboxWatch};
+        use crate::store::inbox_watch::{InboxEvent, InboxWatch};
         let tx = tx.clone();
         let report = move |e: InboxEvent| match e {
             InboxEvent::Changed(id) => tx.send(Hint::Control(id)).is_ok(),

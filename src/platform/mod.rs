@@ -5,8 +5,6 @@
 
 pub mod child;
 pub mod exec;
-#[cfg(target_os = "linux")]
-pub mod inbox_watch;
 pub mod procs;
 pub mod sdnotify;
 pub mod watch;
