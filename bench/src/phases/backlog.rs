@@ -5,13 +5,11 @@
 //! started on the drained root (what the same finished runs cost a daemon
 //! that never held the backlog).
 
-use std::fs;
 use std::time::{Duration, Instant};
 
-use crate::fsops::{mkdirs, write_private};
-use crate::phases::burst::count_entries;
+use crate::phases::burst::drop_and_drain;
 use crate::phases::idle::settle;
-use crate::pipelines::{request_body, terminal_dir, Daemon, Env, Kind};
+use crate::pipelines::{Daemon, Env, Kind};
 use crate::procfs;
 
 /// One pipeline through the backlog.
@@ -37,25 +35,7 @@ pub struct BacklogResult {
 /// Drop `n` requests at once into `kind`'s daemon `d` on `root` and wait until all are terminal.
 fn drain(kind: Kind, root: &std::path::Path, d: &Daemon, n: usize) -> anyhow::Result<BacklogSide> {
     let name = format!("backlog-{}", kind.name());
-    let staging = root.join("staging");
-    mkdirs(&staging)?;
-    let ids: Vec<String> = (0..n).map(|i| format!("backlog-{i:06}")).collect();
-    for id in &ids {
-        write_private(&staging.join(format!("{id}.json")), &request_body(id))?;
-    }
-    let (spool, term) = (root.join("spool"), terminal_dir(kind, root));
-    let t0 = Instant::now();
-    for id in &ids {
-        fs::rename(staging.join(format!("{id}.json")), spool.join(format!("{id}.json")))?;
-    }
-    let deadline = t0 + Duration::from_secs(120 + n as u64 / 5);
-    while count_entries(&term) < n {
-        if Instant::now() > deadline {
-            anyhow::bail!("{name}: only {} of {n} runs ended in time", count_entries(&term));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let (secs, _) = drop_and_drain(kind, root, &name, "backlog", n, Duration::from_millis(20))?;
     let peak_rss_kib = procfs::status_kib(d.pid(), "VmHWM:").unwrap_or(0);
     std::thread::sleep(Duration::from_secs(2));
     let after_rss_kib = procfs::status_kib(d.pid(), "VmRSS:").unwrap_or(0);

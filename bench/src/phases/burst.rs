@@ -54,6 +54,40 @@ pub struct BurstRow {
     pub pueue: Option<PueueRow>,
 }
 
+/// Write `n` requests (ids `<prefix>-000000`, ...) to a staging directory
+/// under `root`, rename them all into the spool as fast as possible, and
+/// wait until every run is terminal, looking every `poll`. Seconds from the
+/// first rename to the last terminal marker, and the run ids (`name`
+/// labels the error).
+pub fn drop_and_drain(
+    kind: Kind,
+    root: &Path,
+    name: &str,
+    prefix: &str,
+    n: usize,
+    poll: Duration,
+) -> anyhow::Result<(f64, Vec<String>)> {
+    let staging = root.join("staging");
+    mkdirs(&staging)?;
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:06}")).collect();
+    for id in &ids {
+        write_private(&staging.join(format!("{id}.json")), &request_body(id))?;
+    }
+    let (spool, term) = (root.join("spool"), terminal_dir(kind, root));
+    let t0 = Instant::now();
+    for id in &ids {
+        fs::rename(staging.join(format!("{id}.json")), spool.join(format!("{id}.json")))?;
+    }
+    let deadline = t0 + Duration::from_secs(120 + n as u64 / 5);
+    while count_entries(&term) < n {
+        if Instant::now() > deadline {
+            anyhow::bail!("{name}: only {} of {n} runs ended in time", count_entries(&term));
+        }
+        std::thread::sleep(poll);
+    }
+    Ok((t0.elapsed().as_secs_f64(), ids))
+}
+
 pub fn count_entries(dir: &Path) -> usize {
     fs::read_dir(dir)
         .map(|rd| rd.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
@@ -65,26 +99,7 @@ fn burst(env: &Env, kind: Kind, n: usize, max_running: usize) -> anyhow::Result<
     let name = format!("burst{max_running}-{}", kind.name());
     let root = env.fresh_root(&name)?;
     let d = env.start(kind, &root, max_running)?;
-    let staging = root.join("staging");
-    mkdirs(&staging)?;
-    let ids: Vec<String> = (0..n).map(|i| format!("burst-{i:06}")).collect();
-    for id in &ids {
-        write_private(&staging.join(format!("{id}.json")), &request_body(id))?;
-    }
-    let spool = root.join("spool");
-    let term = terminal_dir(kind, &root);
-    let t0 = Instant::now();
-    for id in &ids {
-        fs::rename(staging.join(format!("{id}.json")), spool.join(format!("{id}.json")))?;
-    }
-    let deadline = t0 + Duration::from_secs(120 + n as u64 / 5);
-    while count_entries(&term) < n {
-        if Instant::now() > deadline {
-            anyhow::bail!("{name}: only {} of {n} runs ended in time", count_entries(&term));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let (secs, ids) = drop_and_drain(kind, &root, &name, "burst", n, Duration::from_millis(10))?;
     let peak_rss_kib = procfs::status_kib(d.pid(), "VmHWM:").unwrap_or(0);
     // The last runners exit (and are reaped) just after their terminal marker.
     std::thread::sleep(Duration::from_millis(300));
