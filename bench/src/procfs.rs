@@ -2,8 +2,27 @@
 
 use std::fs;
 
-/// (own CPU ms, CPU ms of reaped children) from `/proc/<pid>/stat` (utime+stime, cutime+cstime).
+/// (own CPU ms, CPU ms of its children) of `pid`: its own from
+/// `/proc/<pid>/stat` (utime+stime), its children's from the same file
+/// (cutime+cstime: the ones it reaped) plus, recursively, the CPU of the
+/// children still alive (runspool's runner fork server, whose reaped
+/// runners count there).
 pub fn cpu_ms(pid: u32) -> Option<(f64, f64)> {
+    let (own, reaped) = stat_cpu_ms(pid)?;
+    let live: f64 = live_children(pid).into_iter().filter_map(cpu_ms).map(|(o, c)| o + c).sum();
+    Some((own, reaped + live))
+}
+
+/// The children of `pid` that are alive, from `/proc/<pid>/task/*/children`.
+fn live_children(pid: u32) -> Vec<u32> {
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    rd.flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| s.split_whitespace().filter_map(|x| x.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
+fn stat_cpu_ms(pid: u32) -> Option<(f64, f64)> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name start at field 3 (state).
     let f: Vec<u64> =

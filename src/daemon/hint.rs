@@ -20,6 +20,8 @@ pub enum Hint {
     Signal(i32),
     /// A request file appeared in a run's `external-job-requests/`.
     Bridge(String),
+    /// A runner forked by the fork server exited, or the server is gone.
+    RunnerExited,
     /// A bridge worker finished request `id` of `run_id` (`retry`: a recovery lookup failed).
     BridgeDone { run_id: String, id: String, retry: bool },
 }

@@ -188,6 +188,8 @@ impl Daemon {
             }
             Hint::Bridge(run_id) => self.bridge.hint(run_id),
             Hint::BridgeDone { run_id, id, retry } => self.bridge.done(run_id, id, retry),
+            // The turn reaps.
+            Hint::RunnerExited => {}
             Hint::Signal(sig) => match sig {
                 libc::SIGTERM | libc::SIGINT => {
                     tracing::info!("stopping on signal {}; runs keep running", crate::platform::signal_name(sig));

@@ -48,7 +48,7 @@ impl Daemon {
         let mut d = Daemon {
             report: report::Reporter::new(&layout, &cfg, opts.config.as_deref(), &watch),
             recovery: Recovery::new(previous_start, previous_seen, Duration::from_secs(cfg.watch.rescan_interval_s)),
-            supervisor: Supervisor::new(RunnerProgram::find(&exe)),
+            supervisor: Supervisor::new(RunnerProgram::find(&exe).forking(tx.clone())),
             scheduler: Default::default(),
             intake: spool::intake::Intake::default(),
             storage: Storage::new(&layout),

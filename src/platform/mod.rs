@@ -1,10 +1,13 @@
 //! What differs between Linux and macOS: process identity, no-replace rename,
 //! process-group membership; `procs`: keeping a run's processes contained;
 //! `child`: the one child supervisor (process groups, signals, the kill ladder);
-//! `sdnotify`: the service manager's notify socket and watchdog.
+//! `sdnotify`: the service manager's notify socket and watchdog;
+//! `forkserver` (Linux): runners forked from one server instead of exec'd.
 
 pub mod child;
 pub mod exec;
+#[cfg(target_os = "linux")]
+pub mod forkserver;
 pub mod procs;
 pub mod sdnotify;
 pub mod watch;

@@ -15,12 +15,14 @@
  * for a regression test.
  *
  * Every process of another role, and a forked child before its exec,
- * passes straight through.
+ * passes straight through, except the runners that a fork server forks:
+ * each is armed at its fork and counts on its own.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,6 +108,27 @@ static int role_matches(const char *role) {
     return 0;
 }
 
+/* A runner forked by the fork server (`runspool-runner --fork-server`,
+ * src/platform/forkserver.rs): armed in the child, counting from 1 as an
+ * exec'd runner would. */
+static void arm_forked_runner(void) {
+    counter = 0;
+    armed_pid = (pid_t)syscall(SYS_getpid);
+}
+
+/* Is this process a runner fork server (its argv[1])? It is never armed itself. */
+static int is_fork_server(void) {
+    char cmd[4096];
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    long n = syscall(SYS_read, fd, cmd, sizeof cmd - 1);
+    syscall(SYS_close, fd);
+    if (n <= 0) return 0;
+    cmd[n] = 0;
+    const char *argv1 = cmd + strlen(cmd) + 1;
+    return argv1 < cmd + n && strcmp(argv1, "--fork-server") == 0;
+}
+
 __attribute__((constructor)) static void init(void) {
     const char *role = getenv("RUNSPOOL_CRASH_ROLE");
     if (!role || !role_matches(role)) return;
@@ -119,7 +142,10 @@ __attribute__((constructor)) static void init(void) {
         memcpy(match_call, m, (size_t)(colon - m));
         match_text = strdup(colon + 1);
     }
-    armed_pid = (pid_t)syscall(SYS_getpid);
+    if (strcmp(role, "runner") == 0 && is_fork_server())
+        pthread_atfork(NULL, NULL, arm_forked_runner); /* not armed itself: its children are */
+    else
+        armed_pid = (pid_t)syscall(SYS_getpid);
 }
 
 #define REAL(name) static __typeof__(name) *real; if (!real) real = (__typeof__(name) *)dlsym(RTLD_NEXT, #name)

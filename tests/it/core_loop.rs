@@ -681,6 +681,86 @@ fn runner_is_the_sibling_binary_or_the_subcommand() {
     env.check_consistency();
 }
 
+/// What a step learns about its runner and the runner's parent (Linux).
+#[cfg(target_os = "linux")]
+const RUNNER_AND_PARENT: &str = r#"r=$PPID; s=$(cut -d' ' -f4 /proc/$r/stat)
+printf 'runner=%s\n' "$(tr '\0' ' ' < /proc/$r/cmdline)"
+printf 'server=%s\n' "$s"
+printf 'server_cmd=%s\n' "$(tr '\0' ' ' < /proc/$s/cmdline)"
+printf 'server_parent=%s\n' "$(cut -d' ' -f4 /proc/$s/stat)""#;
+
+/// `key=value` lines of a step's output.
+#[cfg(target_os = "linux")]
+fn output_fields(out: &str) -> std::collections::HashMap<String, String> {
+    out.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Runners are forked by one fork server, a child of the daemon, and each
+/// shows `runspool-runner <runDir>` as its command line. A server killed
+/// under a running run leaves that run to finish and be settled, and the
+/// next run gets a new server; so does a run after the runner program file
+/// was replaced (an upgrade), which then runs the new file.
+#[cfg(target_os = "linux")]
+#[test]
+fn runners_are_forked_by_a_fork_server_that_is_replaced_when_it_dies_or_its_file_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut env = TestEnv::new();
+    let pair = env.base().join("pair");
+    fs::create_dir_all(&pair).unwrap();
+    let (bin, runner) = (pair.join("runspool"), pair.join("runspool-runner"));
+    let install = |from: &Path, to: &Path| {
+        let tmp = to.with_extension("new");
+        fs::copy(from, &tmp).unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(&tmp, to).unwrap(); // a new inode, as a package upgrade makes
+    };
+    install(Path::new(BIN), &bin);
+    install(&Path::new(BIN).with_file_name("runspool-runner"), &runner);
+    let cmd = env.daemon_command_for(&bin, &env.root);
+    env.start_daemon_command(cmd);
+    let daemon = env.daemon_pid().unwrap().to_string();
+    let run = |env: &TestEnv, id: &str| {
+        env.submit(&request(Some(id), &env.work, vec![sh_step("p", RUNNER_AND_PARENT)]));
+        let st = env.wait_terminal(id);
+        assert_eq!(st["state"], "complete", "{st}\n{}", env.log_tail(20));
+        output_fields(&env.output_log(id, 0))
+    };
+    let a = run(&env, "forked-a");
+    let b = run(&env, "forked-b");
+    for (f, id) in [(&a, "forked-a"), (&b, "forked-b")] {
+        let want = format!("{} {}", runner.display(), env.run_dir(id).display());
+        assert_eq!(f["runner"].trim_end(), want, "the runner's command line names its run: {f:?}");
+        assert_eq!(f["server_cmd"].trim_end(), format!("{} --fork-server", runner.display()), "{f:?}");
+        assert_eq!(f["server_parent"], daemon, "the fork server is the daemon's child: {f:?}");
+    }
+    assert_eq!(a["server"], b["server"], "one server forks every runner");
+
+    // The server dies under a running run: the run finishes and is settled.
+    let gate = env.work.join("gate-server");
+    env.submit(&request(Some("orphaned"), &env.work, vec![sh_step("block", &gate_wait(&gate))]));
+    env.wait_state("orphaned", "running");
+    let server: i32 = a["server"].parse().unwrap();
+    unsafe { libc::kill(server, libc::SIGKILL) };
+    wait_until(Duration::from_secs(30), "the killed fork server to be reaped", || {
+        !Path::new(&format!("/proc/{server}")).exists()
+    });
+    let c = run(&env, "after-kill");
+    assert_ne!(c["server"], a["server"], "a new server after the old one died: {c:?}");
+    open_gate(&gate);
+    assert_eq!(env.wait_terminal("orphaned")["state"], "complete");
+
+    // The runner program is replaced: the next run is forked from the new file.
+    install(&Path::new(BIN).with_file_name("runspool-runner"), &runner);
+    let d = run(&env, "after-upgrade");
+    assert_ne!(d["server"], c["server"], "a new server for the new program file: {d:?}");
+    let exe = fs::read_link(format!("/proc/{}/exe", d["server"])).unwrap();
+    assert_eq!(exe, runner, "the new server runs the new file");
+    wait_until(Duration::from_secs(30), "the replaced server to exit", || {
+        !Path::new(&format!("/proc/{}", c["server"])).exists()
+    });
+    env.check_consistency();
+}
+
 #[test]
 fn priority_higher_first() {
     let mut env = TestEnv::with_config(ONE_AT_A_TIME);

@@ -7,7 +7,6 @@ mod program;
 mod repair;
 
 use std::collections::HashMap;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use super::part::{Effect, Env};
@@ -17,11 +16,12 @@ use crate::store::repaired::ensure_published_status;
 use crate::store::run::take_runner_lock;
 use crate::store::{run, RunId};
 use dead_runner::DeadRunners;
-pub use program::{RunnerProgram, SpawnError};
+pub use program::{RunnerProgram, SpawnError, Started};
 
 struct Slot {
-    /// None: a runner this daemon did not start (re-adopted); watched by its lock.
-    child: Option<Child>,
+    /// None: a runner this daemon did not start (re-adopted), or one whose
+    /// fork server is gone; watched by its lock.
+    child: Option<Started>,
 }
 
 /// What became of a start (`Supervisor::start`).
@@ -135,10 +135,23 @@ impl Supervisor {
     /// starts without waiting for that.
     pub fn reap(&mut self) {
         let mut exited = Vec::new();
+        let mut forked = self.program.exits();
         for (id, slot) in &mut self.running {
-            let Some(child) = slot.child.as_mut() else { continue };
-            match child.try_wait() {
-                Ok(None) => {} // our child, still alive
+            let status = match slot.child.as_mut() {
+                None => continue,
+                Some(Started::Child(child)) => child.try_wait(),
+                Some(Started::Forked { server, serial, .. }) => match forked.exited.remove(&(*server, *serial)) {
+                    Some(st) => Ok(Some(st)),
+                    None if forked.live_server == Some(*server) => Ok(None),
+                    None => {
+                        // Its server is gone, so its exit will not be reported: watch its lock.
+                        slot.child = None;
+                        continue;
+                    }
+                },
+            };
+            match status {
+                Ok(None) => {} // still alive
                 Ok(Some(st)) => {
                     if !st.success() {
                         tracing::warn!(run_id = %id, status = %st, "runner exited abnormally");
@@ -249,7 +262,7 @@ impl Supervisor {
     /// The daemon stops; runs keep running. Reap what already exited.
     pub fn shutdown(&mut self) {
         for slot in self.running.values_mut() {
-            if let Some(c) = slot.child.as_mut() {
+            if let Some(Started::Child(c)) = slot.child.as_mut() {
                 let _ = c.try_wait();
             }
         }

@@ -3,9 +3,39 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 
 use crate::store::fsutil;
+
+/// A runner this daemon started.
+#[derive(Debug)]
+pub enum Started {
+    /// Exec'd by the daemon: its child.
+    Child(Child),
+    /// Forked by the fork server `server` (a generation number of this
+    /// daemon's servers); its exit comes as a message from that server.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    Forked { server: u64, serial: u64, pid: u32 },
+}
+
+impl Started {
+    pub fn id(&self) -> u32 {
+        match self {
+            Started::Child(c) => c.id(),
+            Started::Forked { pid, .. } => *pid,
+        }
+    }
+}
+
+/// What the fork servers reported since the last look (`RunnerProgram::exits`).
+#[derive(Default)]
+pub struct Exits {
+    /// (server, serial) of each forked runner that exited.
+    pub exited: std::collections::HashMap<(u64, u64), ExitStatus>,
+    /// The server whose runners are still reported; runners of any other
+    /// are no longer reported and are watched by their lock instead.
+    pub live_server: Option<u64>,
+}
 
 /// The program the daemon starts for each run: `runspool-runner` next to
 /// the daemon's own binary (a smaller binary, quicker to start), else
@@ -16,7 +46,24 @@ pub struct RunnerProgram {
     /// The daemon's own executable: `runspool runner` when the program above
     /// cannot be started (removed or replaced after the daemon started).
     daemon_exe: PathBuf,
+    fork: ForkServer,
 }
+
+/// The fork server of `runspool-runner` (`platform::forkserver`), started
+/// with the first runner, replaced when it dies or its program file is
+/// replaced, and given up after `MAX_FORK_SERVER_FAILURES` (exec from then on).
+#[derive(Default)]
+struct ForkServer {
+    /// Wakes the loop when a forked runner exits; no fork server without it.
+    wake: Option<std::sync::mpsc::Sender<crate::daemon::hint::Hint>>,
+    #[cfg(target_os = "linux")]
+    client: Option<(u64, crate::platform::forkserver::Client)>,
+    generation: u64,
+    failures: u32,
+}
+
+#[cfg(target_os = "linux")]
+const MAX_FORK_SERVER_FAILURES: u32 = 3;
 
 /// Why a runner could not be started.
 #[derive(Debug)]
@@ -35,10 +82,32 @@ impl RunnerProgram {
         let daemon_exe = daemon_exe.to_path_buf();
         match std::fs::metadata(&sibling) {
             Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
-                RunnerProgram { path: sibling, subcommand: false, daemon_exe }
+                RunnerProgram { path: sibling, subcommand: false, daemon_exe, fork: ForkServer::default() }
             }
-            _ => RunnerProgram { path: daemon_exe.clone(), subcommand: true, daemon_exe },
+            _ => RunnerProgram { path: daemon_exe.clone(), subcommand: true, daemon_exe, fork: ForkServer::default() },
         }
+    }
+
+    /// Fork runners from a fork server (Linux, `runspool-runner` only),
+    /// whose reports of exited runners wake the loop through `tx`.
+    pub fn forking(mut self, tx: std::sync::mpsc::Sender<crate::daemon::hint::Hint>) -> RunnerProgram {
+        self.fork.wake = Some(tx);
+        self
+    }
+
+    /// The forked runners that exited since the last call.
+    pub fn exits(&mut self) -> Exits {
+        #[cfg(target_os = "linux")]
+        if let Some((generation, c)) = &self.fork.client {
+            let exited = c.take_exits().into_iter().map(|(serial, st)| ((*generation, serial), st)).collect();
+            if !c.is_dead() {
+                return Exits { exited, live_server: Some(*generation) };
+            }
+            // Reaped now (`Client`'s drop), not at the next start.
+            self.fork.client = None;
+            return Exits { exited, live_server: None };
+        }
+        Exits::default()
     }
 
     /// The command line, for messages: `/usr/bin/runspool runner` or `.../runspool-runner`.
@@ -50,7 +119,11 @@ impl RunnerProgram {
     /// because it is gone or no longer executable, the daemon's own binary is
     /// used instead (`runspool runner`; on Linux `/proc/self/exe` when even
     /// that path is gone), and from then on.
-    pub fn start(&mut self, run_dir: &Path) -> Result<Child, SpawnError> {
+    pub fn start(&mut self, run_dir: &Path) -> Result<Started, SpawnError> {
+        #[cfg(target_os = "linux")]
+        if let Some(started) = self.fork(run_dir)? {
+            return Ok(started);
+        }
         let mut candidates = vec![(self.path.clone(), self.subcommand)];
         if self.path != self.daemon_exe {
             candidates.push((self.daemon_exe.clone(), true));
@@ -69,7 +142,7 @@ impl RunnerProgram {
                         );
                         (self.path, self.subcommand) = (path, subcommand);
                     }
-                    return Ok(child);
+                    return Ok(Started::Child(child));
                 }
                 Err(e) if program_unusable(&e, &path) => {
                     missing.push(format!("{}: {}", describe(&path, subcommand), errno_text(&e)))
@@ -98,6 +171,70 @@ impl RunnerProgram {
                 missing.join("; ")
             ),
         })
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl RunnerProgram {
+    /// A runner forked by the fork server, or None when this run is
+    /// exec'd instead (no server wanted or usable; see `platform::forkserver`).
+    fn fork(&mut self, run_dir: &Path) -> Result<Option<Started>, SpawnError> {
+        use crate::platform::forkserver::{Client, StartError};
+        let f = &mut self.fork;
+        let Some(tx) = f.wake.as_ref() else { return Ok(None) };
+        if self.subcommand || f.failures >= MAX_FORK_SERVER_FAILURES {
+            return Ok(None);
+        }
+        if f.client.as_ref().is_some_and(|(_, c)| !c.is_current(&self.path)) {
+            // Dead, or its program file was replaced: the next one runs the new file.
+            f.client = None;
+        }
+        if f.client.is_none() {
+            let tx = tx.clone();
+            let wake = Box::new(move || {
+                let _ = tx.send(crate::daemon::hint::Hint::RunnerExited);
+            });
+            match Client::spawn(&self.path, wake) {
+                Ok(c) => {
+                    f.generation += 1;
+                    f.client = Some((f.generation, c));
+                }
+                Err(e) => {
+                    // A transient shortage (EAGAIN, ENOMEM) does not count against the server.
+                    if !is_transient_spawn(&e) {
+                        f.failures += 1;
+                    }
+                    tracing::warn!(runner = %self.path.display(), error = %errno_text(&e), "cannot start the runner fork server; exec'ing this runner instead");
+                    return Ok(None);
+                }
+            }
+        }
+        let Some((generation, c)) = f.client.as_mut() else { return Ok(None) };
+        if !c.fits(run_dir) {
+            return Ok(None);
+        }
+        match c.start(run_dir) {
+            Ok(forked) => Ok(Some(Started::Forked { server: *generation, serial: forked.serial, pid: forked.pid })),
+            Err(StartError::Os(e)) => {
+                let message = format!(
+                    "cannot start the runner `{} {}`: {}",
+                    self.path.display(),
+                    run_dir.display(),
+                    errno_text(&e)
+                );
+                Err(if is_transient_spawn(&e) {
+                    SpawnError::Transient { error: e, message }
+                } else {
+                    SpawnError::Permanent { message: format!("{message}; check the run directory") }
+                })
+            }
+            Err(StartError::Server(why)) => {
+                f.failures += 1;
+                tracing::warn!("{why}; exec'ing this runner and starting a new server for the next");
+                f.client = None;
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -159,8 +296,12 @@ mod tests {
     fn a_runner_that_cannot_start_is_reported_with_errno_and_path() {
         let d = tempfile::tempdir().unwrap();
         let gone = d.path().join("gone");
-        let mut r =
-            RunnerProgram { path: gone.join("runspool-runner"), subcommand: false, daemon_exe: gone.join("runspool") };
+        let mut r = RunnerProgram {
+            path: gone.join("runspool-runner"),
+            subcommand: false,
+            daemon_exe: gone.join("runspool"),
+            fork: ForkServer::default(),
+        };
         // A run directory that does not exist: the program is fine, the chdir fails.
         let err = r.start(&d.path().join("no-such-run")).unwrap_err();
         let SpawnError::Permanent { message } = err else { panic!("ENOENT is permanent: {err:?}") };
