@@ -30,7 +30,6 @@
 //! (an upgrade: new runs run the new file), or a server that died or stopped
 //! answering.
 
-use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
@@ -78,8 +77,9 @@ struct Server {
     /// The signal mask the program started with, restored in each runner.
     mask: libc::sigset_t,
     serial: u64,
-    /// Live runners: pid → serial.
-    runners: HashMap<i32, u64>,
+    /// Live runners: (pid, serial). Not a HashMap: its hash keys would be
+    /// drawn here once and inherited by every runner.
+    runners: Vec<(i32, u64)>,
 }
 
 #[cfg(target_os = "linux")]
@@ -107,7 +107,12 @@ impl Server {
                 // `ps` shows the server as what it is, not the reserved room.
                 t.set(&[t.program.as_os_str().as_bytes(), FLAG.as_bytes()]);
             }
-            Ok(Server { title, devnull, sigchld, mask, serial: 0, runners: HashMap::new() })
+            // Our own process group: a terminal's Ctrl-C or hang-up meant for a
+            // foreground daemon does not kill the server (the daemon stops it).
+            libc::setpgid(0, 0);
+            // No run directory is kept busy as our working directory between forks.
+            libc::chdir(c"/".as_ptr());
+            Ok(Server { title, devnull, sigchld, mask, serial: 0, runners: Vec::new() })
         }
     }
 
@@ -162,9 +167,11 @@ impl Server {
     /// Fork a runner for `dir`. Returns its pid in the server; never returns in the runner.
     fn fork(&mut self, dir: &[u8], runner: fn(&Path) -> i32) -> io::Result<i32> {
         let path = std::ffi::CString::new(dir).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: open(2) of a NUL-terminated path.
-        let dirfd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if dirfd < 0 {
+        // The runner's working directory, entered before the fork as an
+        // exec'd runner's would be: a failure is the answer, not a runner
+        // that exits at once.
+        // SAFETY: chdir(2) of a NUL-terminated path.
+        if unsafe { libc::chdir(path.as_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: this process is single-threaded (`serve`), so the child may run any code.
@@ -175,13 +182,12 @@ impl Server {
             unsafe {
                 libc::pthread_sigmask(libc::SIG_SETMASK, &self.mask, std::ptr::null_mut());
                 libc::close(self.sigchld);
-                libc::dup2(self.devnull, 0); // the socket to the daemon is closed with it
-                let moved = libc::fchdir(dirfd);
-                libc::close(dirfd);
-                libc::close(self.devnull);
-                if moved != 0 {
-                    libc::_exit(1);
+                // Stdio on /dev/null until the runner opens its logs; the
+                // socket to the daemon (stdin) is closed with it.
+                for fd in 0..3 {
+                    libc::dup2(self.devnull, fd);
                 }
+                libc::close(self.devnull);
             }
             if let Some(t) = &self.title {
                 t.set(&[t.program.as_os_str().as_bytes(), dir]);
@@ -190,12 +196,12 @@ impl Server {
             std::process::exit(code);
         }
         let err = io::Error::last_os_error();
-        // SAFETY: closing the descriptor opened above.
-        unsafe { libc::close(dirfd) };
+        // SAFETY: chdir(2) of a static path.
+        unsafe { libc::chdir(c"/".as_ptr()) };
         if pid < 0 {
             return Err(err);
         }
-        self.runners.insert(pid, self.serial);
+        self.runners.push((pid, self.serial));
         Ok(pid)
     }
 
@@ -211,7 +217,8 @@ impl Server {
             if pid <= 0 {
                 return Ok(());
             }
-            if let Some(serial) = self.runners.remove(&pid) {
+            if let Some(i) = self.runners.iter().position(|r| r.0 == pid) {
+                let (_, serial) = self.runners.swap_remove(i);
                 write_all(format!("X {serial} {status}\n").as_bytes())?;
             }
         }
@@ -266,9 +273,11 @@ impl Title {
         if text.len() + 2 > room {
             return;
         }
-        // SAFETY: [start, end) is this process's argument area (the kernel
-        // placed it on the main stack; nothing in this program keeps a
-        // reference into it), and text, its NUL and the last byte fit in it.
+        // SAFETY: [start, end) is this process's argument area, which the
+        // kernel placed on the main stack, and text, its NUL and the last
+        // byte fit in it. std keeps pointers to the argument strings for
+        // `std::env::args`, which from now on reads the new text: the server
+        // and the runner read their arguments before this call, never after.
         unsafe {
             let at = self.start as *mut u8;
             std::ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
@@ -314,6 +323,15 @@ pub enum StartError {
     Server(String),
 }
 
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Os(e) => write!(f, "{e}"),
+            StartError::Server(why) => f.write_str(why),
+        }
+    }
+}
+
 impl Client {
     /// Start a fork server from `program` (`runspool-runner`). `wake` is
     /// called from the client's reader thread when a runner exits or the
@@ -322,16 +340,18 @@ impl Client {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::metadata(program)?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let reader = ours.try_clone()?;
         let mut cmd = super::exec::command(program, super::exec::Detach::default());
         cmd.arg(FLAG).arg(" ".repeat(ROOM));
-        cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs))).stdout(Stdio::null()).stderr(Stdio::null());
-        let server = cmd.spawn()?;
-        let reader = ours.try_clone()?;
+        // stderr: the daemon's, so the server's own messages reach its log;
+        // each runner gets /dev/null as stdio until it opens its logs.
+        cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs))).stdout(Stdio::null()).stderr(Stdio::inherit());
+        let mut server = cmd.spawn()?;
         let (tx, answers) = channel();
         let exits = Arc::new(Mutex::new(Vec::new()));
         let dead = Arc::new(AtomicBool::new(false));
         let (exits2, dead2) = (exits.clone(), dead.clone());
-        std::thread::Builder::new().name("fork-server".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("fork-server".into()).spawn(move || {
             for line in io::BufReader::new(reader).lines() {
                 let Ok(line) = line else { break };
                 let mut f = line.split(' ');
@@ -354,7 +374,12 @@ impl Client {
             }
             dead2.store(true, Ordering::SeqCst);
             wake();
-        })?;
+        });
+        if let Err(e) = thread {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(e);
+        }
         Ok(Client {
             sock: ours,
             server,
@@ -394,7 +419,7 @@ impl Client {
         }
         msg.push(0);
         if let Err(e) = self.sock.write_all(&msg) {
-            return Err(self.give_up(format!("cannot write to it: {e}")));
+            return Err(self.give_up(format!("could not be written to: {e}")));
         }
         self.sent += 1;
         match self.answers.recv_timeout(ANSWER_TIMEOUT) {
@@ -402,9 +427,11 @@ impl Client {
             Ok(Answer::Failed(serial, errno)) if serial == self.sent => {
                 Err(StartError::Os(io::Error::from_raw_os_error(errno)))
             }
-            Ok(_) => Err(self.give_up("it answered out of turn".into())),
-            Err(RecvTimeoutError::Timeout) => Err(self.give_up(format!("no answer within {ANSWER_TIMEOUT:?}"))),
-            Err(RecvTimeoutError::Disconnected) => Err(self.give_up("it exited".into())),
+            Ok(_) => Err(self.give_up("answered out of turn".into())),
+            Err(RecvTimeoutError::Timeout) => Err(self.give_up(format!("did not answer within {ANSWER_TIMEOUT:?}"))),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(self.give_up("exited, or wrote what a fork server does not write".into()))
+            }
         }
     }
 
@@ -413,11 +440,25 @@ impl Client {
         self.exits.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default()
     }
 
-    fn give_up(&mut self, why: String) -> StartError {
+    /// Is the server stopped (SIGSTOP, a debugger)? It then reports no exit,
+    /// and the slots of its runners would never free.
+    pub fn is_stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.server.id()))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| matches!(s[i + 1..].trim_start().chars().next(), Some('T' | 't'))))
+            .unwrap_or(false)
+    }
+
+    /// Stop using the server: kill it (its runners live on, in their own sessions).
+    pub fn give_up(&mut self, why: String) -> StartError {
         self.dead.store(true, Ordering::SeqCst);
         let _ = self.server.kill();
         let _ = self.server.wait();
-        StartError::Server(format!("the runner fork server (pid {}) {why}", self.server.id()))
+        StartError::Server(format!(
+            "the runner fork server `{} {FLAG}` (pid {}) {why}",
+            self.program.display(),
+            self.server.id()
+        ))
     }
 }
 

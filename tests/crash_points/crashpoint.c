@@ -112,6 +112,7 @@ static int role_matches(const char *role) {
  * src/platform/forkserver.rs): armed in the child, counting from 1 as an
  * exec'd runner would. */
 static void arm_forked_runner(void) {
+    if (armed_pid) return; /* a runner's own fork: the child passes through until its exec */
     counter = 0;
     armed_pid = (pid_t)syscall(SYS_getpid);
 }

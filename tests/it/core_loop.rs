@@ -761,6 +761,36 @@ fn runners_are_forked_by_a_fork_server_that_is_replaced_when_it_dies_or_its_file
     env.check_consistency();
 }
 
+/// A fork server that is stopped (SIGSTOP) reports no runner's exit: the
+/// daemon replaces it, so the slot of a run that ended under it frees and
+/// the queue goes on.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_fork_server_is_replaced_and_its_runs_slots_free() {
+    let mut env = TestEnv::with_config(ONE_AT_A_TIME);
+    env.start_daemon();
+    let gate = env.work.join("gate-stopped");
+    env.submit(&request(Some("under-stopped"), &env.work, vec![sh_step("block", &gate_wait(&gate))]));
+    env.wait_state("under-stopped", "running");
+    let runner = env.status("under-stopped").unwrap()["runner"]["pid"].as_i64().unwrap();
+    let stat = fs::read_to_string(format!("/proc/{runner}/stat")).unwrap();
+    let server: i32 = stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(1).unwrap().parse().unwrap();
+    let cmd = fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(String::from_utf8_lossy(&cmd).contains("--fork-server"), "the runner's parent is the fork server");
+    unsafe { libc::kill(server, libc::SIGSTOP) };
+    env.submit(&request(Some("next-in-line"), &env.work, vec![cmd_step("t", &["true"])]));
+    env.wait_state("next-in-line", "queued");
+    open_gate(&gate);
+    assert_eq!(env.wait_terminal("under-stopped")["state"], "complete");
+    let st = env.wait_terminal("next-in-line");
+    assert_eq!(st["state"], "complete", "the slot freed: {st}\n{}", env.log_tail(20));
+    wait_until(Duration::from_secs(30), "the stopped server to be killed and reaped", || {
+        !Path::new(&format!("/proc/{server}")).exists()
+    });
+    assert!(env.log_tail(200).contains("is stopped"), "the log says why the server was replaced");
+    env.check_consistency();
+}
+
 #[test]
 fn priority_higher_first() {
     let mut env = TestEnv::with_config(ONE_AT_A_TIME);

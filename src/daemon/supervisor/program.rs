@@ -50,16 +50,21 @@ pub struct RunnerProgram {
 }
 
 /// The fork server of `runspool-runner` (`platform::forkserver`), started
-/// with the first runner, replaced when it dies or its program file is
-/// replaced, and given up after `MAX_FORK_SERVER_FAILURES` (exec from then on).
+/// with the first runner, replaced when it dies, is stopped or its program
+/// file is replaced, and given up after `MAX_FORK_SERVER_FAILURES` failures
+/// in a row (exec from then on).
 #[derive(Default)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct ForkServer {
     /// Wakes the loop when a forked runner exits; no fork server without it.
     wake: Option<std::sync::mpsc::Sender<crate::daemon::hint::Hint>>,
     #[cfg(target_os = "linux")]
     client: Option<(u64, crate::platform::forkserver::Client)>,
     generation: u64,
+    /// Failures since the last runner it forked.
     failures: u32,
+    /// When the server was last checked for being stopped.
+    checked: Option<std::time::Instant>,
 }
 
 #[cfg(target_os = "linux")]
@@ -97,6 +102,20 @@ impl RunnerProgram {
 
     /// The forked runners that exited since the last call.
     pub fn exits(&mut self) -> Exits {
+        #[cfg(target_os = "linux")]
+        if let Some((_, c)) = self.fork.client.as_mut() {
+            // A stopped server reports no exit, so the slots of its runners
+            // would never free: once a second, a stopped one is replaced.
+            let now = std::time::Instant::now();
+            if self.fork.checked.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
+                self.fork.checked = Some(now);
+                if c.is_stopped() {
+                    let why =
+                        c.give_up("is stopped (SIGSTOP or a debugger); its runners are watched by their lock".into());
+                    tracing::warn!("{why}");
+                }
+            }
+        }
         #[cfg(target_os = "linux")]
         if let Some((generation, c)) = &self.fork.client {
             let exited = c.take_exits().into_iter().map(|(serial, st)| ((*generation, serial), st)).collect();
@@ -204,7 +223,12 @@ impl RunnerProgram {
                     if !is_transient_spawn(&e) {
                         f.failures += 1;
                     }
-                    tracing::warn!(runner = %self.path.display(), error = %errno_text(&e), "cannot start the runner fork server; exec'ing this runner instead");
+                    let then = if f.failures >= MAX_FORK_SERVER_FAILURES {
+                        "exec'ing runners from now on (restart the daemon to try again)"
+                    } else {
+                        "exec'ing this runner instead"
+                    };
+                    tracing::warn!(runner = %self.path.display(), error = %errno_text(&e), "cannot start the runner fork server `{} --fork-server`; {then}", self.path.display());
                     return Ok(None);
                 }
             }
@@ -214,7 +238,10 @@ impl RunnerProgram {
             return Ok(None);
         }
         match c.start(run_dir) {
-            Ok(forked) => Ok(Some(Started::Forked { server: *generation, serial: forked.serial, pid: forked.pid })),
+            Ok(forked) => {
+                f.failures = 0;
+                Ok(Some(Started::Forked { server: *generation, serial: forked.serial, pid: forked.pid }))
+            }
             Err(StartError::Os(e)) => {
                 let message = format!(
                     "cannot start the runner `{} {}`: {}",
@@ -230,8 +257,12 @@ impl RunnerProgram {
             }
             Err(StartError::Server(why)) => {
                 f.failures += 1;
-                tracing::warn!("{why}; exec'ing this runner and starting a new server for the next");
                 f.client = None;
+                if f.failures >= MAX_FORK_SERVER_FAILURES {
+                    tracing::warn!("{why}; {} failures in a row: exec'ing runners from now on (restart the daemon to try the fork server again)", f.failures);
+                } else {
+                    tracing::warn!("{why}; exec'ing this runner and starting a new server for the next");
+                }
                 Ok(None)
             }
         }
