@@ -449,17 +449,40 @@ fn set_nproc_as(uid: u32, gid: u32, pid: i64, soft: libc::rlim_t) {
 #[cfg(target_os = "linux")]
 #[test]
 fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
+    eagain_on_runner_start("eagain_on_runner_start_keeps_the_run_queued_and_retries", false);
+}
+
+/// The same when the fork server's fork fails with EAGAIN: the server
+/// answers the errno, and the run stays queued until a retry succeeds.
+#[cfg(target_os = "linux")]
+#[test]
+fn eagain_in_the_fork_server_keeps_the_run_queued_and_retries() {
+    eagain_on_runner_start("eagain_in_the_fork_server_keeps_the_run_queued_and_retries", true);
+}
+
+/// A daemon run as the second test user, its runner exec'd (`runspool`
+/// alone) or forked (`runspool-runner` beside it, after a first run started
+/// the fork server), whose runner start meets RLIMIT_NPROC = 1.
+#[cfg(target_os = "linux")]
+fn eagain_on_runner_start(name: &str, fork_server: bool) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     if !is_root() {
-        report("eagain_on_runner_start_keeps_the_run_queued_and_retries: skipped: needs root (RLIMIT_NPROC binds only a non-root daemon, started as the second test user)");
+        report(&format!(
+            "{name}: skipped: needs root (RLIMIT_NPROC binds only a non-root daemon, started as the second test user)"
+        ));
         return;
     }
     let (uid, gid) = test_user();
     let mut env = TestEnv::new();
     let bin = env.base().join("runspool");
+    let runner = env.base().join("runspool-runner");
     fs::copy(BIN, &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    if fork_server {
+        fs::copy(std::path::Path::new(BIN).with_file_name("runspool-runner"), &runner).unwrap();
+        fs::set_permissions(&runner, fs::Permissions::from_mode(0o755)).unwrap();
+    }
     std::os::unix::fs::lchown(env.base(), Some(uid), Some(gid)).unwrap();
     for p in walk_all(&env.base()) {
         std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).unwrap();
@@ -467,17 +490,35 @@ fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
     let mut cmd = env.daemon_command_for(&bin, &env.root);
     cmd.uid(uid).gid(gid).env("HOME", env.base()).current_dir(env.base());
     env.start_daemon_command(cmd);
-    let pid = env.daemon_pid().unwrap();
+    let drop_as_user = |env: &TestEnv, id: &str| {
+        let tmp = env.spool().join(format!(".{id}"));
+        write_file_mode(
+            &tmp,
+            &serde_json::to_vec(&request(Some(id), &env.work, vec![cmd_step("t", &["true"])])).unwrap(),
+            0o600,
+        );
+        std::os::unix::fs::lchown(&tmp, Some(uid), Some(gid)).unwrap();
+        fs::rename(&tmp, env.spool().join(format!("{id}.json"))).unwrap();
+    };
+    // The process whose fork meets the limit: the daemon, or its fork server.
+    let pid = if fork_server {
+        drop_as_user(&env, "warm-up");
+        assert_eq!(env.wait_terminal("warm-up")["state"], "complete");
+        let daemon = env.daemon_pid().unwrap();
+        let children = fs::read_to_string(format!("/proc/{daemon}/task/{daemon}/children")).unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i64>().ok())
+            .find(|p| {
+                fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.windows(13).any(|w| w == b"--fork-server"))
+            })
+            .expect("the fork server, a child of the daemon, after the first run")
+    } else {
+        env.daemon_pid().unwrap()
+    };
     let old = soft_nproc(pid);
     set_nproc_as(uid, gid, pid, 1);
-    let tmp = env.spool().join(".nproc");
-    write_file_mode(
-        &tmp,
-        &serde_json::to_vec(&request(Some("nproc"), &env.work, vec![cmd_step("t", &["true"])])).unwrap(),
-        0o600,
-    );
-    std::os::unix::fs::lchown(&tmp, Some(uid), Some(gid)).unwrap();
-    fs::rename(&tmp, env.spool().join("nproc.json")).unwrap();
+    drop_as_user(&env, "nproc");
     wait_until(LONG, "a failed start", || {
         fs::read_to_string(&env.log_path).unwrap_or_default().contains("os error 11")
             || env.state("nproc").is_some_and(|s| is_terminal_state(&s))
@@ -488,8 +529,9 @@ fn eagain_on_runner_start_keeps_the_run_queued_and_retries() {
     set_nproc_as(uid, gid, pid, old);
     assert_eq!(st["state"], "queued", "a transient start failure keeps the run queued: {st}");
     let line = log.lines().find(|l| l.contains("os error 11")).unwrap();
+    let program = if fork_server { &runner } else { &bin };
     assert!(
-        line.contains("EAGAIN") && line.contains(&bin.display().to_string()),
+        line.contains("EAGAIN") && line.contains(&program.display().to_string()),
         "the log names errno and runner: {line}"
     );
     let st = env.wait_terminal("nproc");
