@@ -74,22 +74,36 @@ pub fn restart(layout: &Layout, arg: &str, json_out: bool) -> anyhow::Result<i32
 /// Why runspool may not remove the run `id` (in `dir`, with status `s`
 /// read by `run::read_status`, which refuses a status that is not the
 /// directory's own), or None when it may.
-fn refusal(id: &RunId, dir: &Path, s: &Status) -> Option<String> {
+/// A finished run's runner that still holds its lock is waited for up to `wait`.
+fn refusal(id: &RunId, dir: &Path, s: &Status, wait: std::time::Duration) -> Option<String> {
     if !run::ownership(dir, Some(s)).is_ours() {
         return Some(format!("{} was launched by another host; runspool never removes it", dir.display()));
     }
     if s.state.is_active() {
         return Some(format!("run {id} is still {}; stop it first (`runspool stop {id}`)", s.state.as_str()));
     }
-    // A runner finishing its last writes still holds its lock.
-    if fsutil::lock_held(&RunPaths::runner_lock(dir)).unwrap_or(false) {
-        return Some(format!(
-            "run {id}'s runner still holds {}; try again in a moment",
-            RunPaths::runner_lock(dir).display()
-        ));
+    // A runner finishing its last writes (the active marker's removal, its
+    // exit) still holds its lock for a moment after the terminal status and
+    // the result appear, so `runspool wait ID && runspool rm ID` waits for it.
+    let lock = RunPaths::runner_lock(dir);
+    let deadline = std::time::Instant::now() + wait;
+    while fsutil::lock_held(&lock).unwrap_or(false) {
+        if std::time::Instant::now() >= deadline {
+            return Some(format!(
+                "run {id} is {} but its runner still holds {} after {}s; check that process (`runspool status {id}` names it) and try again",
+                s.state.as_str(),
+                lock.display(),
+                wait.as_secs()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     None
 }
+
+/// How long `rm` waits for the runner of a finished run to exit (`clean`
+/// does not wait: it leaves such a run for the next time).
+const RUNNER_FINISHING: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Remove one checked run the way retention does (results, index entries,
 /// marker, then the directory via a tombstone).
@@ -113,7 +127,7 @@ pub fn rm(layout: &Layout, args: &[String], json_out: bool) -> anyhow::Result<i3
         let s = run::read_status(&dir)
             .with_context(|| format!("nothing was removed: {} is not a run runspool can remove", dir.display()))?
             .with_context(|| format!("{} has no status.json yet; nothing was removed", dir.display()))?;
-        if let Some(why) = refusal(&id, &dir, &s) {
+        if let Some(why) = refusal(&id, &dir, &s, RUNNER_FINISHING) {
             bail!("{why}; nothing was removed");
         }
         if !checked.iter().any(|(c, _): &(RunId, Status)| *c == id) {
@@ -168,7 +182,7 @@ pub fn clean(
             None => s.state != State::Paused,
         };
         let old_enough = cutoff.is_none_or(|c| s.ended_at.is_some_and(|e| e < c));
-        if !state_ok || !old_enough || refusal(&id, &dir, &s).is_some() {
+        if !state_ok || !old_enough || refusal(&id, &dir, &s, std::time::Duration::ZERO).is_some() {
             continue;
         }
         if !dry_run {

@@ -308,7 +308,7 @@ The new request is the old run's request.json with a new runId and `restartOf` n
   runspool rm 3f2a9c1e build-42
 
 Every run is checked first and nothing is removed when one is refused: an active run, a run whose runner
-still holds its lock, or a run another host launched (runspool never removes those).")]
+still holds its lock after a 5 s wait (it exits just after its run ends), or a run another host launched (runspool never removes those).")]
     Rm {
         /// Run ids, or unique prefixes of 8 or more characters, of finished runs runspool launched
         #[arg(required = true)]

@@ -107,6 +107,25 @@ fn rm_removes_a_finished_run_its_result_and_markers() {
     assert!(list_names(&env.runs()).iter().all(|n| !n.starts_with(".runspool-deleting-")), "no tombstone left");
 }
 
+/// The runner of a finished run holds its lock for a moment after the
+/// terminal status and the result appear (its last writes, its exit), so
+/// `runspool wait ID && runspool rm ID` could meet it: `rm` waits for it.
+#[test]
+fn rm_waits_for_the_runner_of_a_finished_run_to_exit() {
+    let env = TestEnv::new();
+    env.fabricate_terminal_run("finishing", "default", now_ms() - 1000, "complete");
+    let lock = fs::File::create(env.run_dir("finishing").join("runner.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        drop(lock);
+    });
+    let o = env.cli(&["rm", "finishing"]);
+    release.join().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(!env.run_dir("finishing").exists(), "the run directory is gone");
+}
+
 #[test]
 fn rm_refuses_an_active_run_and_another_hosts_run_and_changes_nothing() {
     let env = TestEnv::new();
