@@ -89,7 +89,16 @@ static void point(const char *call, const char *path, int fd) {
     if (crash_at) syscall(SYS_kill, armed_pid, SIGKILL);
 }
 
-static int role_matches(const char *role) {
+/* Copy at most size-1 bytes of src, NUL-terminated (a longer name just cannot match). */
+static void copy_bounded(char *dst, const char *src, size_t size) {
+    size_t l = strnlen(src, size - 1);
+    memcpy(dst, src, l);
+    dst[l] = 0;
+}
+
+/* This process's command line as it was exec'd: argv[0]'s base name and
+ * argv[1] ("" when absent), copied into the buffers; 0 when unreadable. */
+static int command_line(char *base, char *argv1, size_t size) {
     char cmd[4096];
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -97,11 +106,15 @@ static int role_matches(const char *role) {
     syscall(SYS_close, fd);
     if (n <= 0) return 0;
     cmd[n] = 0;
-    const char *argv0 = cmd;
-    const char *argv1 = cmd + strlen(cmd) + 1;
-    if (argv1 >= cmd + n) argv1 = "";
-    const char *base = strrchr(argv0, '/');
-    base = base ? base + 1 : argv0;
+    const char *a1 = cmd + strlen(cmd) + 1;
+    if (a1 >= cmd + n) a1 = "";
+    const char *b = strrchr(cmd, '/');
+    copy_bounded(base, b ? b + 1 : cmd, size);
+    copy_bounded(argv1, a1, size);
+    return 1;
+}
+
+static int role_matches(const char *role, const char *base, const char *argv1) {
     if (strcmp(role, "daemon") == 0) return strcmp(base, "runspool") == 0 && strcmp(argv1, "daemon") == 0;
     if (strcmp(role, "runner") == 0)
         return strcmp(base, "runspool-runner") == 0 || (strcmp(base, "runspool") == 0 && strcmp(argv1, "runner") == 0);
@@ -117,22 +130,10 @@ static void arm_forked_runner(void) {
     armed_pid = (pid_t)syscall(SYS_getpid);
 }
 
-/* Is this process a runner fork server (its argv[1])? It is never armed itself. */
-static int is_fork_server(void) {
-    char cmd[4096];
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    long n = syscall(SYS_read, fd, cmd, sizeof cmd - 1);
-    syscall(SYS_close, fd);
-    if (n <= 0) return 0;
-    cmd[n] = 0;
-    const char *argv1 = cmd + strlen(cmd) + 1;
-    return argv1 < cmd + n && strcmp(argv1, "--fork-server") == 0;
-}
-
 __attribute__((constructor)) static void init(void) {
     const char *role = getenv("RUNSPOOL_CRASH_ROLE");
-    if (!role || !role_matches(role)) return;
+    char base[256], argv1[256];
+    if (!role || !command_line(base, argv1, sizeof base) || !role_matches(role, base, argv1)) return;
     const char *at = getenv("RUNSPOOL_CRASH_AT");
     crash_at = at ? strtoul(at, NULL, 10) : 0;
     const char *tr = getenv("RUNSPOOL_CRASH_TRACE");
@@ -143,7 +144,7 @@ __attribute__((constructor)) static void init(void) {
         memcpy(match_call, m, (size_t)(colon - m));
         match_text = strdup(colon + 1);
     }
-    if (strcmp(role, "runner") == 0 && is_fork_server())
+    if (strcmp(role, "runner") == 0 && strcmp(argv1, "--fork-server") == 0)
         pthread_atfork(NULL, NULL, arm_forked_runner); /* not armed itself: its children are */
     else
         armed_pid = (pid_t)syscall(SYS_getpid);

@@ -20,16 +20,14 @@ use crate::common;
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const PI_VERSION: &str = "0.67.0";
-const DRIVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pi/driver.mjs");
+use common::pi::{DRIVER, PI_VERSION};
 /// Rescans every second, so "several rescans" takes seconds.
 const FAST_RESCAN: &str = "max_running = 4\nretention_days = 30\n[watch]\nrescan_interval_s = 1\n";
 
@@ -37,51 +35,10 @@ const FAST_RESCAN: &str = "max_running = 4\nretention_days = 30\n[watch]\nrescan
 // Installing pi-subagents and calling its code
 // ---------------------------------------------------------------------------
 
-fn tool_present(name: &str) -> bool {
-    Command::new(name).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
-}
-
-fn install_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pi-subagents-{PI_VERSION}"))
-}
-
-fn installed_version(dir: &Path) -> Option<String> {
-    let pkg = read_json(&dir.join("node_modules/pi-subagents/package.json"))?;
-    dir.join("node_modules/jiti/package.json").is_file().then(|| pkg["version"].as_str().unwrap_or("").to_string())
-}
-
-/// pi-subagents at PI_VERSION, installed once (under a file lock, so the
-/// tests of this binary running in parallel install it once); None when node
-/// or npm is missing. An npm failure with node present fails the test.
+/// pi-subagents at PI_VERSION (`common::pi`, shared with tests/it/steward.rs);
+/// None when node or npm is missing.
 fn pi() -> Option<Pi> {
-    if !tool_present("node") || !tool_present("npm") {
-        report("skipped: node is not installed");
-        return None;
-    }
-    let dir = install_dir();
-    fs::create_dir_all(&dir).unwrap();
-    let lock = OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(".install.lock")).unwrap();
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock {}", dir.display());
-    if installed_version(&dir).as_deref() != Some(PI_VERSION) || !dir.join(".warmed").exists() {
-        // A package.json of its own keeps npm from adopting a parent directory
-        // as the project.
-        fs::write(dir.join("package.json"), "{\"name\":\"runspool-pi-compat\",\"private\":true}\n").unwrap();
-        let out = Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--ignore-scripts", &format!("pi-subagents@{PI_VERSION}")])
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run npm");
-        assert!(out.status.success(), "npm install pi-subagents@{PI_VERSION} failed:\n{}", describe(&out));
-        assert_eq!(installed_version(&dir).as_deref(), Some(PI_VERSION), "npm installed another version");
-        // Fill jiti's transform cache once, here, rather than from parallel tests.
-        let p = Pi { dir: dir.clone() };
-        let warm = p.run("warm", &json!({}), None);
-        assert!(warm.status.success(), "the driver cannot load pi-subagents:\n{}", describe(&warm));
-        fs::write(dir.join(".warmed"), PI_VERSION).unwrap();
-    }
-    drop(lock);
-    Some(Pi { dir })
+    common::pi::install().map(|dir| Pi { dir })
 }
 
 struct Pi {

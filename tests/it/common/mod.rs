@@ -14,6 +14,7 @@ mod daemon;
 mod env;
 mod fixtures;
 mod inspect;
+pub mod pi;
 mod process;
 mod seg;
 mod util;
