@@ -443,10 +443,7 @@ impl Client {
     /// Is the server stopped (SIGSTOP, a debugger)? It then reports no exit,
     /// and the slots of its runners would never free.
     pub fn is_stopped(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.server.id()))
-            .ok()
-            .and_then(|s| s.rfind(')').map(|i| matches!(s[i + 1..].trim_start().chars().next(), Some('T' | 't'))))
-            .unwrap_or(false)
+        super::procs::stat(self.server.id()).is_some_and(|s| matches!(s.state, 'T' | 't'))
     }
 
     /// Stop using the server: kill it (its runners live on, in their own sessions).

@@ -42,10 +42,7 @@ pub fn start_identity(pid: u32) -> Option<String> {
 pub fn is_zombie(pid: u32) -> bool {
     #[cfg(target_os = "linux")]
     {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
-            .unwrap_or(false)
+        procs::stat(pid).is_some_and(|s| s.state == 'Z')
     }
     #[cfg(not(target_os = "linux"))]
     {

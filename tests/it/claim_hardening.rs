@@ -359,17 +359,13 @@ fn emfile_after_the_commit_never_strands_the_run() {
 #[cfg(target_os = "linux")]
 #[test]
 fn missing_runner_binary_falls_back_to_the_daemons_own() {
-    use std::os::unix::fs::PermissionsExt;
     let parent = "tr '\\0' ' ' < /proc/$PPID/cmdline";
     let mut env = TestEnv::new();
     let pair = env.base().join("pair");
     fs::create_dir_all(&pair).unwrap();
     let (bin, runner) = (pair.join("runspool"), pair.join("runspool-runner"));
-    fs::copy(BIN, &bin).unwrap();
-    fs::copy(std::path::Path::new(BIN).with_file_name("runspool-runner"), &runner).unwrap();
-    for p in [&bin, &runner] {
-        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    install_program(std::path::Path::new(BIN), &bin);
+    install_program(&runner_bin(), &runner);
     let cmd = env.daemon_command_for(&bin, &env.root);
     env.start_daemon_command(cmd);
     env.submit(&request(Some("sibling"), &env.work, vec![sh_step("p", parent)]));
@@ -465,7 +461,6 @@ fn eagain_in_the_fork_server_keeps_the_run_queued_and_retries() {
 /// the fork server), whose runner start meets RLIMIT_NPROC = 1.
 #[cfg(target_os = "linux")]
 fn eagain_on_runner_start(name: &str, fork_server: bool) {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     if !is_root() {
         report(&format!(
@@ -477,11 +472,9 @@ fn eagain_on_runner_start(name: &str, fork_server: bool) {
     let mut env = TestEnv::new();
     let bin = env.base().join("runspool");
     let runner = env.base().join("runspool-runner");
-    fs::copy(BIN, &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    install_program(std::path::Path::new(BIN), &bin);
     if fork_server {
-        fs::copy(std::path::Path::new(BIN).with_file_name("runspool-runner"), &runner).unwrap();
-        fs::set_permissions(&runner, fs::Permissions::from_mode(0o755)).unwrap();
+        install_program(&runner_bin(), &runner);
     }
     std::os::unix::fs::lchown(env.base(), Some(uid), Some(gid)).unwrap();
     for p in walk_all(&env.base()) {

@@ -658,7 +658,6 @@ fn stop_of_long_queued_run_is_seen_through_the_watch() {
 #[cfg(target_os = "linux")]
 #[test]
 fn runner_is_the_sibling_binary_or_the_subcommand() {
-    use std::os::unix::fs::PermissionsExt;
     let parent = "tr '\\0' ' ' < /proc/$PPID/cmdline";
     let mut env = TestEnv::new();
     env.start_daemon();
@@ -670,8 +669,7 @@ fn runner_is_the_sibling_binary_or_the_subcommand() {
     let lone = env.base().join("lone");
     fs::create_dir_all(&lone).unwrap();
     let bin = lone.join("runspool");
-    fs::copy(BIN, &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    install_program(Path::new(BIN), &bin);
     let cmd = env.daemon_command_for(&bin, &env.root);
     env.start_daemon_command(cmd);
     env.submit(&request(Some("via-subcommand"), &env.work, vec![sh_step("p", parent)]));
@@ -703,19 +701,12 @@ fn output_fields(out: &str) -> std::collections::HashMap<String, String> {
 #[cfg(target_os = "linux")]
 #[test]
 fn runners_are_forked_by_a_fork_server_that_is_replaced_when_it_dies_or_its_file_does() {
-    use std::os::unix::fs::PermissionsExt;
     let mut env = TestEnv::new();
     let pair = env.base().join("pair");
     fs::create_dir_all(&pair).unwrap();
     let (bin, runner) = (pair.join("runspool"), pair.join("runspool-runner"));
-    let install = |from: &Path, to: &Path| {
-        let tmp = to.with_extension("new");
-        fs::copy(from, &tmp).unwrap();
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
-        fs::rename(&tmp, to).unwrap(); // a new inode, as a package upgrade makes
-    };
-    install(Path::new(BIN), &bin);
-    install(&Path::new(BIN).with_file_name("runspool-runner"), &runner);
+    install_program(Path::new(BIN), &bin);
+    install_program(&runner_bin(), &runner);
     let cmd = env.daemon_command_for(&bin, &env.root);
     env.start_daemon_command(cmd);
     let daemon = env.daemon_pid().unwrap().to_string();
@@ -750,7 +741,7 @@ fn runners_are_forked_by_a_fork_server_that_is_replaced_when_it_dies_or_its_file
     assert_eq!(env.wait_terminal("orphaned")["state"], "complete");
 
     // The runner program is replaced: the next run is forked from the new file.
-    install(&Path::new(BIN).with_file_name("runspool-runner"), &runner);
+    install_program(&runner_bin(), &runner);
     let d = run(&env, "after-upgrade");
     assert_ne!(d["server"], c["server"], "a new server for the new program file: {d:?}");
     let exe = fs::read_link(format!("/proc/{}/exe", d["server"])).unwrap();

@@ -69,8 +69,7 @@ impl UserEnv {
         let (uid, gid) = test_user();
         let env = TestEnv::new();
         let bin = env.base().join("runspool");
-        fs::copy(BIN, &bin).unwrap();
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        install_program(std::path::Path::new(BIN), &bin);
         mkdir_0700(&env.work.join("canary"));
         chown_tree(&env.base(), uid, gid);
         // Traversable (not listable, not writable) so a third user can reach the spool path.

@@ -167,19 +167,13 @@ impl RunnerProgram {
                     missing.push(format!("{}: {}", describe(&path, subcommand), errno_text(&e)))
                 }
                 Err(e) => {
-                    let message = format!(
-                        "cannot start the runner `{} {}`: {}",
-                        describe(&path, subcommand),
-                        run_dir.display(),
-                        errno_text(&e)
-                    );
-                    return Err(if is_transient_spawn(&e) {
-                        SpawnError::Transient { error: e, message }
-                    } else {
-                        SpawnError::Permanent {
-                            message: format!("{message}; check the runspool installation and the run directory"),
-                        }
-                    });
+                    let runner = describe(&path, subcommand);
+                    return Err(start_error(
+                        e,
+                        &runner,
+                        run_dir,
+                        "check the runspool installation and the run directory",
+                    ));
                 }
             }
         }
@@ -243,17 +237,7 @@ impl RunnerProgram {
                 Ok(Some(Started::Forked { server: *generation, serial: forked.serial, pid: forked.pid }))
             }
             Err(StartError::Os(e)) => {
-                let message = format!(
-                    "cannot start the runner `{} {}`: {}",
-                    self.path.display(),
-                    run_dir.display(),
-                    errno_text(&e)
-                );
-                Err(if is_transient_spawn(&e) {
-                    SpawnError::Transient { error: e, message }
-                } else {
-                    SpawnError::Permanent { message: format!("{message}; check the run directory") }
-                })
+                Err(start_error(e, &self.path.display().to_string(), run_dir, "check the run directory"))
             }
             Err(StartError::Server(why)) => {
                 f.failures += 1;
@@ -266,6 +250,18 @@ impl RunnerProgram {
                 Ok(None)
             }
         }
+    }
+}
+
+/// A runner start that failed with `e`: retried later when the error is
+/// transient, else the run fails with a message naming the errno, the
+/// runner and `fix`.
+fn start_error(e: io::Error, runner: &str, run_dir: &Path, fix: &str) -> SpawnError {
+    let message = format!("cannot start the runner `{runner} {}`: {}", run_dir.display(), errno_text(&e));
+    if is_transient_spawn(&e) {
+        SpawnError::Transient { error: e, message }
+    } else {
+        SpawnError::Permanent { message: format!("{message}; {fix}") }
     }
 }
 

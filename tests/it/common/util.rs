@@ -8,6 +8,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_runspool");
 
+/// `runspool-runner`, built next to `BIN`.
+pub fn runner_bin() -> std::path::PathBuf {
+    std::path::Path::new(BIN).with_file_name("runspool-runner")
+}
+
+/// Install a copy of the program `from` as `to`, mode 0755: copied beside
+/// it, then renamed over it, so `to` is a new inode as a package upgrade
+/// makes it (a running program is never written in place).
+pub fn install_program(from: &std::path::Path, to: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = to.with_extension("new");
+    std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), tmp.display()));
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, to).unwrap();
+}
+
 /// Generous default deadline for anything that involves the daemon or a runner.
 pub const LONG: Duration = Duration::from_secs(90);
 
